@@ -1,0 +1,411 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// calleeDeadlineGrace is how much longer than the caller a callee lets a handler run.
+const calleeDeadlineGrace = 50 * time.Millisecond
+
+// DefaultInitTimeout bounds rendezvous when Config.InitTimeout is zero.
+const DefaultInitTimeout = 60 * time.Second
+
+// Config describes one worker of a world.
+type Config struct {
+	// Name is the worker's unique name (see ValidateName).
+	Name string
+	// Rank is the worker's id, in [0, WorldSize). Rank 0 hosts the rendezvous store.
+	Rank int
+	// WorldSize is the number of workers.
+	WorldSize int
+	// InitMethod locates the store: "env://" (the default; MASTER_ADDR and MASTER_PORT) or
+	// "tcp://host:port". Ignored when Store is set.
+	InitMethod string
+	// InitTimeout bounds how long Start waits for the whole world; 0 means DefaultInitTimeout.
+	InitTimeout time.Duration
+	// ListenHost is the address to listen on and advertise; empty means the local address
+	// that routes to the store.
+	ListenHost string
+	// Handlers are registered before the agent can receive its first call.
+	Handlers map[string]Handler
+	// Transport carries calls; nil means a new GRPCTransport.
+	Transport Transport
+	// Store is used instead of the one InitMethod names, e.g. a MemStore in tests.
+	Store Store
+	// Logger receives warnings; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+const (
+	stateRunning int32 = iota
+	stateDraining
+	stateClosed
+)
+
+// Agent is one worker's RPC endpoint.
+type Agent struct {
+	self    WorkerInfo
+	workers []WorkerInfo
+	byName  map[string]int
+	peers   []*peer
+
+	transport   Transport
+	store       Store
+	storeServer *StoreServer
+	log         *slog.Logger
+
+	handlersMu sync.RWMutex
+	handlers   map[string]Handler
+
+	nextID      atomic.Uint64
+	outstanding atomic.Int64 // calls made and not yet completed
+	state       atomic.Int32
+	ready       chan struct{} // closed once the world is known
+	serveCtx    context.Context
+	stopServing context.CancelFunc
+	shutdown    sync.Once
+}
+
+// Start joins the world described by cfg and returns once every worker knows every other.
+func Start(ctx context.Context, cfg Config) (*Agent, error) {
+	if err := ValidateName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.WorldSize < 1 {
+		return nil, fmt.Errorf("world_size must be at least 1, got %d", cfg.WorldSize)
+	}
+	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
+		return nil, fmt.Errorf("rank %d is out of range for world_size %d: ranks run from 0 to %d", cfg.Rank, cfg.WorldSize, cfg.WorldSize-1)
+	}
+	if cfg.InitTimeout <= 0 {
+		cfg.InitTimeout = DefaultInitTimeout
+	}
+	if cfg.InitMethod == "" {
+		cfg.InitMethod = "env://"
+	}
+	a := &Agent{
+		transport: cfg.Transport,
+		store:     cfg.Store,
+		log:       cfg.Logger,
+		handlers:  map[string]Handler{},
+		ready:     make(chan struct{}),
+	}
+	if a.log == nil {
+		a.log = slog.Default()
+	}
+	if a.transport == nil {
+		a.transport = NewGRPCTransport()
+	}
+	for m, h := range cfg.Handlers {
+		a.handlers[m] = h
+	}
+	a.serveCtx, a.stopServing = context.WithCancel(context.Background())
+	if err := a.start(ctx, cfg); err != nil {
+		a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Agent) start(ctx context.Context, cfg Config) error {
+	host := cfg.ListenHost
+	if a.store == nil {
+		addr, err := StoreAddress(cfg.InitMethod, os.Getenv)
+		if err != nil {
+			return err
+		}
+		if cfg.Rank == 0 {
+			mem := NewMemStore()
+			if a.storeServer, err = ServeStore(addr, mem); err != nil {
+				return fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
+			}
+			a.store = mem
+		} else if a.store, err = DialStore(addr); err != nil {
+			return err
+		}
+		if host == "" {
+			if host, err = hostToward(addr); err != nil {
+				return fmt.Errorf("%w: %w", ErrRendezvous, err)
+			}
+		}
+	}
+	addr, err := a.transport.Listen(host, a.serveStream)
+	if err != nil {
+		return err
+	}
+	a.self = WorkerInfo{Name: cfg.Name, ID: cfg.Rank, Addr: addr}
+	ctx, cancel := context.WithTimeout(ctx, cfg.InitTimeout)
+	defer cancel()
+	workers, err := join(ctx, a.store, a.self, cfg.WorldSize, cfg.InitTimeout)
+	if err != nil {
+		return err
+	}
+	a.workers = workers
+	a.byName = make(map[string]int, len(workers))
+	a.peers = make([]*peer, len(workers))
+	for id, w := range workers {
+		a.byName[w.Name] = id
+		a.peers[id] = &peer{agent: a, info: w}
+	}
+	close(a.ready)
+	return nil
+}
+
+// Self is this worker.
+func (a *Agent) Self() WorkerInfo { return a.self }
+
+// Workers lists every worker of the world, indexed by id.
+func (a *Agent) Workers() []WorkerInfo { return append([]WorkerInfo(nil), a.workers...) }
+
+// Worker looks a worker up by name.
+func (a *Agent) Worker(name string) (WorkerInfo, bool) {
+	id, ok := a.byName[name]
+	if !ok {
+		return WorkerInfo{}, false
+	}
+	return a.workers[id], true
+}
+
+// Register adds or replaces the handler of method.
+func (a *Agent) Register(method string, h Handler) {
+	a.handlersMu.Lock()
+	a.handlers[method] = h
+	a.handlersMu.Unlock()
+}
+
+func (a *Agent) handler(method string) Handler {
+	a.handlersMu.RLock()
+	defer a.handlersMu.RUnlock()
+	return a.handlers[method]
+}
+
+// Call runs method on worker to and waits for its reply, at most until ctx is done.
+func (a *Agent) Call(ctx context.Context, to, method string, req Message) (Message, error) {
+	return a.CallAsync(ctx, to, method, req).Result()
+}
+
+// CallAsync starts a call of method on worker to and returns at once. The call fails with
+// ErrTimeout when ctx's deadline passes, ErrCanceled when ctx is canceled, ErrPeerLost when the
+// stream to the worker breaks, and a *RemoteError when the handler fails.
+func (a *Agent) CallAsync(ctx context.Context, to, method string, req Message) *CallFuture {
+	f := newCallFuture()
+	id, ok := a.byName[to]
+	if !ok {
+		f.complete(Message{}, fmt.Errorf("%w: %q is not a worker of this world", ErrUnknownWorker, to))
+		return f
+	}
+	return a.callID(ctx, id, method, req, f)
+}
+
+// CallID is CallAsync with the destination given by worker id.
+func (a *Agent) CallID(ctx context.Context, to int, method string, req Message) *CallFuture {
+	f := newCallFuture()
+	if to < 0 || to >= len(a.workers) {
+		f.complete(Message{}, fmt.Errorf("%w: id %d is not a worker of this world (world size %d)", ErrUnknownWorker, to, len(a.workers)))
+		return f
+	}
+	return a.callID(ctx, to, method, req, f)
+}
+
+func (a *Agent) callID(ctx context.Context, to int, method string, req Message, f *CallFuture) *CallFuture {
+	if a.state.Load() == stateClosed {
+		f.complete(Message{}, fmt.Errorf("%w: cannot call worker %q", ErrShutdown, a.workers[to].Name))
+		return f
+	}
+	if err := ctx.Err(); err != nil {
+		f.complete(Message{}, a.contextError(ctx, a.workers[to].Name))
+		return f
+	}
+	a.outstanding.Add(1)
+	id := a.nextID.Add(1)
+	frame := &Frame{Kind: FrameRequest, ID: id, Method: method, Payload: req.Payload, Buffers: req.Buffers}
+	if dl, ok := ctx.Deadline(); ok {
+		frame.TimeoutMs = max(1, time.Until(dl).Milliseconds())
+	}
+	name := a.workers[to].Name
+
+	// The deadline watcher may fire before the call is sent or while it is pending: it takes
+	// the call out of whichever stream table holds it and fails it.
+	var conn atomic.Pointer[peerConn]
+	var stopWatch atomic.Pointer[func() bool]
+	f.onDone = func() {
+		a.outstanding.Add(-1)
+		if stop := stopWatch.Load(); stop != nil {
+			(*stop)()
+		}
+	}
+	stop := context.AfterFunc(ctx, func() {
+		if c := conn.Load(); c != nil {
+			c.take(id)
+		}
+		f.complete(Message{}, a.contextError(ctx, name))
+	})
+	stopWatch.Store(&stop)
+	if to == a.self.ID {
+		a.dispatch(a.serveCtx, a.self, frame, func(resp *Frame) {
+			msg, err := responseResult(resp, name)
+			f.complete(msg, err)
+		})
+		return f
+	}
+	c, err := a.peers[to].connect(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = a.contextError(ctx, name)
+		}
+		f.complete(Message{}, err)
+		return f
+	}
+	conn.Store(c)
+	if err := c.send(id, f, frame); err != nil {
+		f.complete(Message{}, err)
+	}
+	select {
+	case <-f.done: // the watcher may have fired before conn was set: drop the entry
+		c.take(id)
+	default:
+	}
+	return f
+}
+
+// contextError explains why ctx ended a call to worker.
+func (a *Agent) contextError(ctx context.Context, worker string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: the call to worker %q ran past its deadline", ErrTimeout, worker)
+	}
+	return fmt.Errorf("%w: the call to worker %q was canceled", ErrCanceled, worker)
+}
+
+// serveStream serves the calls a peer makes over one stream.
+func (a *Agent) serveStream(s Stream) {
+	hello, err := s.Recv()
+	if err != nil {
+		return
+	}
+	select {
+	case <-a.ready:
+	case <-a.serveCtx.Done():
+		return
+	}
+	if hello.Kind != FrameHello || hello.CallerID < 0 || hello.CallerID >= len(a.workers) || a.workers[hello.CallerID].Name != hello.Method {
+		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name)
+		return
+	}
+	caller := a.workers[hello.CallerID]
+	ctx, cancel := context.WithCancel(a.serveCtx)
+	defer cancel()
+	var sendMu sync.Mutex
+	reply := func(fr *Frame) {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if err := s.Send(fr); err != nil {
+			a.log.Debug("tensorplay-rpc: reply not sent", "to", caller.Name, "err", err)
+		}
+	}
+	for {
+		fr, err := s.Recv()
+		if err != nil {
+			return
+		}
+		if fr.Kind != FrameRequest {
+			a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)
+			continue
+		}
+		a.dispatch(ctx, caller, fr, reply)
+	}
+}
+
+// dispatch hands one request to its handler; respond receives the response frame.
+func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, respond func(*Frame)) {
+	id := req.ID
+	h := a.handler(req.Method)
+	if h == nil {
+		respond(&Frame{Kind: FrameResponse, ID: id, Status: StatusNoHandler, Error: fmt.Sprintf("method %q is not registered", req.Method)})
+		return
+	}
+	cancel := context.CancelFunc(func() {})
+	if req.TimeoutMs > 0 {
+		// The grace lets the caller's own timer, not a reply to a give-up, decide the outcome.
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMs)*time.Millisecond+calleeDeadlineGrace)
+	}
+	h.ServeRPC(&ServerCall{
+		Caller:  caller,
+		Method:  req.Method,
+		Request: Message{Payload: req.Payload, Buffers: req.Buffers},
+		ctx:     ctx,
+		respond: func(resp *Frame) {
+			cancel()
+			resp.ID = id
+			respond(resp)
+		},
+	})
+}
+
+// closing reports whether shutdown has begun closing the agent.
+func (a *Agent) closing() bool { return a.state.Load() == stateClosed }
+
+// Shutdown leaves the world. Graceful shutdown is a barrier: it waits until this worker's own
+// calls have completed and every other worker has called Shutdown too, so no worker stops
+// while others still call it; ctx bounds the wait. Non-graceful shutdown closes at once and
+// fails pending calls with ErrShutdown. Only the first call does anything.
+func (a *Agent) Shutdown(ctx context.Context, graceful bool) error {
+	err := ErrShutdown
+	a.shutdown.Do(func() {
+		err = nil
+		if graceful {
+			err = a.drain(ctx)
+		}
+		a.close()
+	})
+	return err
+}
+
+func (a *Agent) drain(ctx context.Context) error {
+	a.state.Store(stateDraining)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for a.outstanding.Load() > 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
+		}
+	}
+	var wait time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	_, err := a.store.Gather(ctx, GatherRequest{Round: "shutdown", Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name), WaitMs: wait.Milliseconds()})
+	if err != nil {
+		return fmt.Errorf("graceful shutdown barrier: %w", err)
+	}
+	return nil
+}
+
+// close stops serving and fails whatever is still pending.
+func (a *Agent) close() {
+	a.state.Store(stateClosed)
+	a.stopServing()
+	a.transport.Close()
+	for _, p := range a.peers {
+		p.mu.Lock()
+		c := p.conn
+		p.mu.Unlock()
+		if c != nil {
+			c.fail(ErrShutdown)
+		}
+	}
+	if a.storeServer != nil {
+		a.storeServer.Close()
+	}
+	if a.store != nil {
+		a.store.Close()
+	}
+}

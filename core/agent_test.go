@@ -1,0 +1,227 @@
+package core_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+)
+
+// testHandlers is what every agent of these tests serves.
+func testHandlers(release <-chan struct{}) map[string]core.Handler {
+	return map[string]core.Handler{
+		"echo": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+			return req, nil
+		}),
+		"fail": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+			return core.Message{}, core.NewRemoteError("it failed: "+string(req.Payload), core.Message{Payload: []byte("detail")})
+		}),
+		"block": core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) {
+			select {
+			case <-release:
+				return core.Message{Payload: []byte("released")}, nil
+			case <-ctx.Done():
+				return core.Message{}, ctx.Err()
+			}
+		}),
+	}
+}
+
+func forEachTransport(t *testing.T, test func(t *testing.T, opts coretest.Options)) {
+	for _, grpc := range []bool{false, true} {
+		name := map[bool]string{false: "inmem", true: "grpc"}[grpc]
+		t.Run(name, func(t *testing.T) { test(t, coretest.Options{GRPC: grpc}) })
+	}
+}
+
+func TestCalls(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		opts.Handlers = testHandlers(nil)
+		c := coretest.New(t, 3, opts)
+		big := bytes.Repeat([]byte("x"), 5<<20)
+		tests := []struct {
+			name, from, to, method string
+			req                    core.Message
+			want                   string
+			wantErr                error
+			wantRemote             string
+		}{
+			{name: "echo to a peer", from: "w0", to: "w1", method: "echo", req: core.Message{Payload: []byte("hi")}, want: "hi"},
+			{name: "echo to self", from: "w2", to: "w2", method: "echo", req: core.Message{Payload: []byte("me")}, want: "me"},
+			{name: "buffers travel", from: "w1", to: "w2", method: "echo", req: core.Message{Payload: []byte("p"), Buffers: [][]byte{[]byte("b1"), {}, []byte("b3")}}, want: "p"},
+			{name: "payload over gRPC's default limit", from: "w1", to: "w0", method: "echo", req: core.Message{Payload: big}, want: string(big)},
+			{name: "handler error", from: "w0", to: "w2", method: "fail", req: core.Message{Payload: []byte("x")}, wantRemote: "it failed: x"},
+			{name: "no handler", from: "w0", to: "w1", method: "nope", wantErr: core.ErrNoHandler},
+			{name: "unknown worker", from: "w0", to: "w9", method: "echo", wantErr: core.ErrUnknownWorker},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				a := c.Agents[tt.from[1]-'0']
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				resp, err := a.Call(ctx, tt.to, tt.method, tt.req)
+				var re *core.RemoteError
+				switch {
+				case tt.wantErr != nil:
+					if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.to) {
+						t.Fatalf("err = %v, want %v naming %s", err, tt.wantErr, tt.to)
+					}
+				case tt.wantRemote != "":
+					if !errors.As(err, &re) || re.Message != tt.wantRemote || re.Worker != tt.to || string(re.Payload.Payload) != "detail" {
+						t.Fatalf("err = %#v, want remote error %q from %s", err, tt.wantRemote, tt.to)
+					}
+				case err != nil:
+					t.Fatal(err)
+				case string(resp.Payload) != tt.want:
+					t.Fatalf("got %d bytes, want %d", len(resp.Payload), len(tt.want))
+				case len(resp.Buffers) != len(tt.req.Buffers):
+					t.Fatalf("got %d buffers, want %d", len(resp.Buffers), len(tt.req.Buffers))
+				}
+				for i := range resp.Buffers {
+					if !bytes.Equal(resp.Buffers[i], tt.req.Buffers[i]) {
+						t.Fatalf("buffer %d = %q, want %q", i, resp.Buffers[i], tt.req.Buffers[i])
+					}
+				}
+			})
+		}
+	})
+}
+
+func TestManyConcurrentCalls(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		opts.Handlers = testHandlers(nil)
+		c := coretest.New(t, 4, opts)
+		var wg sync.WaitGroup
+		errs := make(chan error, 400)
+		for i := 0; i < 400; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				from, to := c.Agents[i%4], fmt.Sprintf("w%d", (i/4)%4)
+				want := fmt.Sprint(i)
+				resp, err := from.Call(context.Background(), to, "echo", core.Message{Payload: []byte(want)})
+				if err == nil && string(resp.Payload) != want {
+					err = fmt.Errorf("call %d got %q", i, resp.Payload)
+				}
+				if err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+}
+
+func TestDeadline(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		release := make(chan struct{})
+		defer close(release)
+		opts.Handlers = testHandlers(release)
+		c := coretest.New(t, 2, opts)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := c.Agents[0].Call(ctx, "w1", "block", core.Message{})
+		if !errors.Is(err, core.ErrTimeout) || !strings.Contains(err.Error(), `"w1"`) {
+			t.Fatalf("err = %v, want a timeout naming w1", err)
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Fatalf("timeout fired after %v", waited)
+		}
+		// The callee still serves others while the blocked handler waits.
+		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{}); err != nil {
+			t.Fatal(err)
+		}
+		cctx, ccancel := context.WithCancel(context.Background())
+		f := c.Agents[0].CallAsync(cctx, "w1", "block", core.Message{})
+		ccancel()
+		if _, err := f.Result(); !errors.Is(err, core.ErrCanceled) {
+			t.Fatalf("err = %v, want canceled", err)
+		}
+	})
+}
+
+func TestPeerLostFailsPendingCalls(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		release := make(chan struct{})
+		defer close(release)
+		opts.Handlers = testHandlers(release)
+		c := coretest.New(t, 3, opts)
+		var pending []*core.CallFuture
+		for i := 0; i < 5; i++ {
+			pending = append(pending, c.Agents[0].CallAsync(context.Background(), "w1", "block", core.Message{}))
+		}
+		// Make sure the calls reached w1 before it goes away.
+		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{}); err != nil {
+			t.Fatal(err)
+		}
+		c.Agents[1].Shutdown(context.Background(), false)
+		for _, f := range pending {
+			select {
+			case <-f.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("a call to a lost peer is still pending")
+			}
+			if _, err := f.Result(); !errors.Is(err, core.ErrPeerLost) || !strings.Contains(err.Error(), `"w1"`) {
+				t.Fatalf("err = %v, want peer lost naming w1", err)
+			}
+		}
+		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{}); !errors.Is(err, core.ErrPeerLost) {
+			t.Fatalf("new call to the lost peer: err = %v, want peer lost", err)
+		}
+		if _, err := c.Agents[0].Call(context.Background(), "w2", "echo", core.Message{}); err != nil {
+			t.Fatalf("survivors must keep calling each other: %v", err)
+		}
+	})
+}
+
+func TestGracefulShutdownIsABarrier(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		opts.Handlers = testHandlers(nil)
+		c := coretest.New(t, 3, opts)
+		var shutdownAt [3]time.Time
+		var wg sync.WaitGroup
+		for i, a := range c.Agents {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i == 2 {
+					// The last worker keeps calling the others for a while before it leaves.
+					for j := 0; j < 20; j++ {
+						if _, err := a.Call(context.Background(), fmt.Sprintf("w%d", j%2), "echo", core.Message{}); err != nil {
+							t.Errorf("call during others' shutdown: %v", err)
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+				if err := a.Shutdown(context.Background(), true); err != nil {
+					t.Errorf("shutdown w%d: %v", i, err)
+				}
+				shutdownAt[i] = time.Now()
+			}()
+		}
+		wg.Wait()
+		for i := 0; i < 2; i++ {
+			if shutdownAt[i].Before(shutdownAt[2].Add(-time.Second)) {
+				t.Errorf("w%d left long before w2 did", i)
+			}
+		}
+		if _, err := c.Agents[0].Call(context.Background(), "w0", "echo", core.Message{}); !errors.Is(err, core.ErrShutdown) {
+			t.Fatalf("call after shutdown: err = %v, want ErrShutdown", err)
+		}
+		if err := c.Agents[0].Shutdown(context.Background(), true); !errors.Is(err, core.ErrShutdown) {
+			t.Fatalf("second shutdown: err = %v, want ErrShutdown", err)
+		}
+	})
+}

@@ -1,0 +1,107 @@
+// Package coretest starts worlds of agents inside one test process.
+package coretest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// Cluster is a world of agents in this process.
+type Cluster struct {
+	Agents []*core.Agent
+}
+
+// Options choose how a cluster is built.
+type Options struct {
+	// GRPC makes real gRPC agents on loopback with a served store; otherwise agents share an
+	// InmemNetwork and a MemStore.
+	GRPC bool
+	// Handlers are registered on every agent.
+	Handlers map[string]core.Handler
+	// InitTimeout bounds the rendezvous (default 10 s).
+	InitTimeout time.Duration
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Configs returns the configs of a world of n workers named w0…w(n-1).
+func Configs(t testing.TB, n int, opts Options) []core.Config {
+	t.Helper()
+	if opts.InitTimeout == 0 {
+		opts.InitTimeout = 10 * time.Second
+	}
+	cfgs := make([]core.Config, n)
+	var store core.Store
+	var network *core.InmemNetwork
+	init := ""
+	if opts.GRPC {
+		init = fmt.Sprintf("tcp://127.0.0.1:%d", FreePort(t))
+	} else {
+		store, network = core.NewMemStore(), core.NewInmemNetwork()
+	}
+	for i := range cfgs {
+		cfgs[i] = core.Config{
+			Name: fmt.Sprintf("w%d", i), Rank: i, WorldSize: n,
+			InitMethod: init, InitTimeout: opts.InitTimeout, Handlers: opts.Handlers,
+			ListenHost: "127.0.0.1",
+		}
+		if network != nil {
+			cfgs[i].Store, cfgs[i].Transport = store, network.Transport()
+		}
+	}
+	return cfgs
+}
+
+// StartAll starts one agent per config concurrently and returns them with their errors.
+func StartAll(cfgs []core.Config) ([]*core.Agent, []error) {
+	agents := make([]*core.Agent, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			agents[i], errs[i] = core.Start(context.Background(), cfgs[i])
+		}()
+	}
+	wg.Wait()
+	return agents, errs
+}
+
+// New starts a world of n agents and shuts it down, not gracefully, when the test ends.
+func New(t testing.TB, n int, opts Options) *Cluster {
+	t.Helper()
+	agents, errs := StartAll(Configs(t, n, opts))
+	c := &Cluster{Agents: agents}
+	t.Cleanup(func() { c.Close() })
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("start agent %d: %v", i, err)
+		}
+	}
+	return c
+}
+
+// Close shuts every agent down at once.
+func (c *Cluster) Close() {
+	for _, a := range c.Agents {
+		if a != nil {
+			a.Shutdown(context.Background(), false)
+		}
+	}
+}

@@ -1,0 +1,45 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Errors returned by the agent wrap one of these, so callers test them with
+// errors.Is; their messages name the worker concerned.
+var (
+	// ErrTimeout: a call ran past its deadline.
+	ErrTimeout = errors.New("RPC timed out")
+	// ErrPeerLost: the stream to the callee broke, or it could not be reached.
+	ErrPeerLost = errors.New("connection to peer lost")
+	// ErrUnknownWorker: the destination names no worker of the world.
+	ErrUnknownWorker = errors.New("unknown destination worker")
+	// ErrShutdown: the agent is shut down or shutting down.
+	ErrShutdown = errors.New("RPC agent is shut down")
+	// ErrNoHandler: the callee has no handler registered for the method.
+	ErrNoHandler = errors.New("no handler for method")
+	// ErrRendezvous: the world could not be formed.
+	ErrRendezvous = errors.New("rendezvous failed")
+	// ErrCanceled: the caller's context was canceled before the reply came.
+	ErrCanceled = errors.New("RPC canceled")
+)
+
+// RemoteError is a handler's failure, delivered to the caller.
+type RemoteError struct {
+	// Worker is the callee's name.
+	Worker string
+	// Message is the handler's error text.
+	Message string
+	// Payload is extra detail the handler attached (the Python binding puts the pickled
+	// exception there); it may be empty.
+	Payload Message
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("on worker %q: %s", e.Worker, e.Message)
+}
+
+// NewRemoteError makes the error a handler fails with to send detail beside the message.
+func NewRemoteError(message string, detail Message) *RemoteError {
+	return &RemoteError{Message: message, Payload: detail}
+}

@@ -1,0 +1,45 @@
+package core
+
+// FrameKind says what a Frame is for.
+type FrameKind uint8
+
+// Frame kinds.
+const (
+	// FrameHello opens a stream: the caller says who it is.
+	FrameHello FrameKind = iota + 1
+	// FrameRequest asks the callee to run Method.
+	FrameRequest
+	// FrameResponse answers the request with the same ID.
+	FrameResponse
+)
+
+// Status is the outcome carried by a response frame.
+type Status uint8
+
+// Response statuses.
+const (
+	// StatusOK means the handler replied with a Message.
+	StatusOK Status = iota
+	// StatusHandlerError means the handler failed; Error says why and Payload may describe it.
+	StatusHandlerError
+	// StatusNoHandler means the callee has no handler for the method.
+	StatusNoHandler
+)
+
+// Frame is the unit on the wire. It is encoded as a msgpack array to keep small calls small.
+type Frame struct {
+	_msgpack struct{} `msgpack:",as_array"`
+
+	Kind FrameKind
+	ID   uint64
+	// Method names the handler (requests) or the caller's name (hello).
+	Method string
+	// TimeoutMs is the caller's remaining budget for a request; 0 means none.
+	TimeoutMs int64
+	// CallerID is the caller's worker id (hello).
+	CallerID int
+	Status   Status
+	Error    string
+	Payload  []byte
+	Buffers  [][]byte
+}

@@ -1,0 +1,51 @@
+package core
+
+import (
+	"context"
+	"sync"
+)
+
+// CallFuture is the pending result of one call.
+type CallFuture struct {
+	done chan struct{}
+	once sync.Once
+	resp Message
+	err  error
+	// onDone runs once when the call completes, before Done is closed.
+	onDone func()
+}
+
+func newCallFuture() *CallFuture { return &CallFuture{done: make(chan struct{})} }
+
+// complete sets the outcome once; it reports whether this call set it.
+func (f *CallFuture) complete(resp Message, err error) bool {
+	set := false
+	f.once.Do(func() {
+		f.resp, f.err = resp, err
+		if f.onDone != nil {
+			f.onDone()
+		}
+		close(f.done)
+		set = true
+	})
+	return set
+}
+
+// Done is closed when the call has completed.
+func (f *CallFuture) Done() <-chan struct{} { return f.done }
+
+// Result waits for the call and returns its reply or error.
+func (f *CallFuture) Result() (Message, error) {
+	<-f.done
+	return f.resp, f.err
+}
+
+// Wait is Result bounded by ctx; it does not cancel the call.
+func (f *CallFuture) Wait(ctx context.Context) (Message, error) {
+	select {
+	case <-f.done:
+		return f.resp, f.err
+	case <-ctx.Done():
+		return Message{}, ctx.Err()
+	}
+}

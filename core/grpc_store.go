@@ -1,0 +1,118 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const (
+	storeService    = "tensorplay.rpc.Store"
+	storeGatherPath = "/" + storeService + "/Gather"
+	// storeGrace is how long a closing store keeps answering rounds already under way.
+	storeGrace = 3 * time.Second
+	// storeReplySlack is how much longer a client waits than it asks the store to.
+	storeReplySlack = 2 * time.Second
+)
+
+type gatherReply struct {
+	Values [][]byte `msgpack:"values"`
+}
+
+// ServeStore serves store on addr ("host:port") over gRPC until the returned server is closed.
+func ServeStore(addr string, store *MemStore) (*StoreServer, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve the rendezvous store on %s: %w", addr, err)
+	}
+	srv := grpc.NewServer(grpcServerOptions()...)
+	srv.RegisterService(&grpc.ServiceDesc{
+		ServiceName: storeService,
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Gather",
+			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				var req GatherRequest
+				if err := dec(&req); err != nil {
+					return nil, err
+				}
+				values, err := store.Gather(ctx, req)
+				if err != nil {
+					return nil, status.Error(codes.FailedPrecondition, err.Error())
+				}
+				return &gatherReply{Values: values}, nil
+			},
+		}},
+	}, struct{}{})
+	go srv.Serve(lis)
+	return &StoreServer{srv: srv, addr: lis.Addr().String()}, nil
+}
+
+// StoreServer is a MemStore served over gRPC.
+type StoreServer struct {
+	srv  *grpc.Server
+	addr string
+}
+
+// Addr is the address the store listens on.
+func (s *StoreServer) Addr() string { return s.addr }
+
+// Close lets rounds under way finish, for a bounded time, then stops.
+func (s *StoreServer) Close() error {
+	done := make(chan struct{})
+	go func() { s.srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(storeGrace):
+		s.srv.Stop()
+	}
+	return nil
+}
+
+// RemoteStore is a Store reached over gRPC.
+type RemoteStore struct {
+	addr string
+	cc   *grpc.ClientConn
+}
+
+// DialStore returns a client of the store at addr. It connects lazily, retrying until each
+// call's deadline, so workers may start before rank 0 does.
+func DialStore(addr string) (*RemoteStore, error) {
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("dial the rendezvous store at %s: %w", addr, err)
+	}
+	return &RemoteStore{addr: addr, cc: cc}, nil
+}
+
+// Gather implements Store.
+func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, error) {
+	if d := req.wait(); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d+storeReplySlack)
+		defer cancel()
+	}
+	var reply gatherReply
+	err := s.cc.Invoke(ctx, storeGatherPath, &req, &reply, grpc.WaitForReady(true))
+	if err == nil {
+		return reply.Values, nil
+	}
+	st := status.Convert(err)
+	switch {
+	case st.Code() == codes.FailedPrecondition:
+		return nil, errors.New(st.Message())
+	case st.Code() == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
+		return nil, fmt.Errorf("round %q: could not reach the rendezvous store at %s in time (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): %s", req.Round, s.addr, st.Message())
+	default:
+		return nil, fmt.Errorf("round %q: rendezvous store at %s: %s", req.Round, s.addr, st.Message())
+	}
+}
+
+// Close releases the connection.
+func (s *RemoteStore) Close() error { return s.cc.Close() }

@@ -1,0 +1,168 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// peer is this agent's view of another worker as a callee: the stream it dialed to it and the
+// calls waiting on that stream.
+type peer struct {
+	agent *Agent
+	info  WorkerInfo
+
+	mu      sync.Mutex
+	conn    *peerConn     // nil until dialed, and again after the stream breaks
+	dialing chan struct{} // closed when the dial under way ends
+}
+
+// peerConn is one stream to a peer and its table of pending calls.
+type peerConn struct {
+	peer   *peer
+	stream Stream
+	sendMu sync.Mutex
+
+	mu      sync.Mutex
+	pending map[uint64]*CallFuture
+	broken  error
+}
+
+// connect returns the live stream to the peer, dialing it if there is none. Concurrent
+// callers share one dial.
+func (p *peer) connect(ctx context.Context) (*peerConn, error) {
+	for {
+		p.mu.Lock()
+		if c := p.conn; c != nil {
+			p.mu.Unlock()
+			return c, nil
+		}
+		if ch := p.dialing; ch != nil {
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		p.dialing = ch
+		p.mu.Unlock()
+
+		c, err := p.dial(ctx)
+		p.mu.Lock()
+		p.dialing = nil
+		if err == nil {
+			p.conn = c
+		}
+		p.mu.Unlock()
+		close(ch)
+		if err != nil {
+			return nil, err
+		}
+		go c.readLoop()
+		return c, nil
+	}
+}
+
+func (p *peer) dial(ctx context.Context) (*peerConn, error) {
+	s, err := p.agent.transport.Dial(ctx, p.info.Addr)
+	if err == nil {
+		self := p.agent.self
+		err = s.Send(&Frame{Kind: FrameHello, Method: self.Name, CallerID: self.ID})
+		if err != nil {
+			s.Close()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot reach worker %q at %s: %w", ErrPeerLost, p.info.Name, p.info.Addr, err)
+	}
+	return &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}, nil
+}
+
+// send registers f as pending under id and sends the request.
+func (c *peerConn) send(id uint64, f *CallFuture, req *Frame) error {
+	c.mu.Lock()
+	if c.broken != nil {
+		c.mu.Unlock()
+		return c.broken
+	}
+	c.pending[id] = f
+	c.mu.Unlock()
+
+	c.sendMu.Lock()
+	err := c.stream.Send(req)
+	c.sendMu.Unlock()
+	if err != nil {
+		c.fail(err)
+	}
+	return nil
+}
+
+// take removes and returns the pending call id, if it is still pending.
+func (c *peerConn) take(id uint64) *CallFuture {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.pending[id]
+	delete(c.pending, id)
+	return f
+}
+
+func (c *peerConn) readLoop() {
+	for {
+		fr, err := c.stream.Recv()
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if fr.Kind != FrameResponse {
+			c.peer.agent.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", c.peer.info.Name, "kind", fr.Kind)
+			continue
+		}
+		if f := c.take(fr.ID); f != nil {
+			resp, err := responseResult(fr, c.peer.info.Name)
+			f.complete(resp, err)
+		}
+	}
+}
+
+// fail marks the stream broken, fails every call waiting on it with an error naming the peer,
+// and lets the next call dial afresh.
+func (c *peerConn) fail(cause error) {
+	c.mu.Lock()
+	if c.broken != nil {
+		c.mu.Unlock()
+		return
+	}
+	p := c.peer
+	c.broken = fmt.Errorf("%w: stream to worker %q at %s broke: %w", ErrPeerLost, p.info.Name, p.info.Addr, cause)
+	if p.agent.closing() {
+		c.broken = fmt.Errorf("%w: the call to worker %q was still pending", ErrShutdown, p.info.Name)
+	}
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+
+	p.mu.Lock()
+	if p.conn == c {
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	c.stream.Close()
+	for _, f := range pending {
+		f.complete(Message{}, c.broken)
+	}
+}
+
+// responseResult turns a response frame from worker into the caller's result.
+func responseResult(fr *Frame, worker string) (Message, error) {
+	switch fr.Status {
+	case StatusOK:
+		return Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil
+	case StatusNoHandler:
+		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrNoHandler, worker, fr.Error)
+	default:
+		return Message{}, &RemoteError{Worker: worker, Message: fr.Error, Payload: Message{Payload: fr.Payload, Buffers: fr.Buffers}}
+	}
+}

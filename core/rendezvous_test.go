@@ -1,0 +1,107 @@
+package core_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+)
+
+func TestRendezvousErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		n      int
+		mutate func(cfgs []core.Config) []core.Config
+		want   string
+	}{
+		{name: "duplicate names", n: 3, mutate: func(c []core.Config) []core.Config { c[2].Name = "w0"; return c }, want: `duplicate worker name "w0" (ranks 0 and 2)`},
+		{name: "duplicate ranks", n: 3, mutate: func(c []core.Config) []core.Config { c[2].Rank = 1; return append(c, c[0]) }, want: "rank 1 was taken by both"},
+		{name: "worker never comes", n: 3, mutate: func(c []core.Config) []core.Config { return c[:2] }, want: "ranks [2] of world size 3 never joined"},
+		{name: "rank out of range", n: 2, mutate: func(c []core.Config) []core.Config { c[1].Rank = 5; return c }, want: "rank 5 is out of range for world_size 2"},
+		{name: "bad name", n: 2, mutate: func(c []core.Config) []core.Config { c[1].Name = "a b"; return c }, want: "worker name must match"},
+	}
+	for _, grpc := range []bool{false, true} {
+		for _, tt := range tests {
+			t.Run(tt.name+map[bool]string{false: "/inmem", true: "/grpc"}[grpc], func(t *testing.T) {
+				cfgs := coretest.Configs(t, tt.n, coretest.Options{GRPC: grpc, InitTimeout: time.Second})
+				cfgs = tt.mutate(cfgs)
+				if strings.Contains(tt.name, "duplicate ranks") {
+					cfgs = cfgs[1:] // ranks 1, 1 and 0 again: exactly one rank 0 must serve the store
+					cfgs[len(cfgs)-1].Rank = 0
+				}
+				start := time.Now()
+				agents, errs := coretest.StartAll(cfgs)
+				defer func() {
+					for _, a := range agents {
+						if a != nil {
+							a.Shutdown(t.Context(), false)
+						}
+					}
+				}()
+				found := false
+				for _, err := range errs {
+					if err != nil && strings.Contains(err.Error(), tt.want) {
+						found = true
+					}
+				}
+				if !found {
+					t.Fatalf("errors %v, want one containing %q", errs, tt.want)
+				}
+				if took := time.Since(start); took > 8*time.Second {
+					t.Fatalf("took %v to fail", took)
+				}
+				for _, err := range errs {
+					if err != nil && !errors.Is(err, core.ErrRendezvous) && !strings.Contains(err.Error(), "worker name") && !strings.Contains(err.Error(), "out of range") {
+						t.Errorf("error %v does not wrap ErrRendezvous", err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestStoreAddress(t *testing.T) {
+	env := map[string]string{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+	tests := []struct {
+		init, want, wantErr string
+		env             map[string]string
+	}{
+		{init: "env://", env: env, want: "127.0.0.1:29500"},
+		{init: "env://", env: map[string]string{"MASTER_PORT": "1"}, wantErr: "MASTER_ADDR"},
+		{init: "env://", env: map[string]string{"MASTER_ADDR": "h"}, wantErr: "MASTER_PORT"},
+		{init: "env://", env: map[string]string{"MASTER_ADDR": "h", "MASTER_PORT": "x"}, wantErr: "must be a number"},
+		{init: "tcp://localhost:1234", want: "localhost:1234"},
+		{init: "tcp://localhost", wantErr: "must be host:port"},
+		{init: "udp://x:1", wantErr: "not supported"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.init+tt.wantErr, func(t *testing.T) {
+			got, err := core.StoreAddress(tt.init, func(k string) string { return tt.env[k] })
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestMasterPortInUse(t *testing.T) {
+	cfgs := coretest.Configs(t, 1, coretest.Options{GRPC: true, InitTimeout: time.Second})
+	first, err := core.Start(t.Context(), cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown(t.Context(), false)
+	_, err = core.Start(t.Context(), cfgs[0])
+	if err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("err = %v, want address already in use", err)
+	}
+}

@@ -3,6 +3,7 @@ module github.com/tensorplay/tensorplay-rpc
 go 1.26.0
 
 require (
+	github.com/go-python/gopy v0.4.10
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	google.golang.org/grpc v1.85.0
 )

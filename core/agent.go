@@ -141,7 +141,9 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 		return err
 	}
 	a.self = WorkerInfo{Name: cfg.Name, ID: cfg.Rank, Addr: addr}
-	ctx, cancel := context.WithTimeout(ctx, cfg.InitTimeout)
+	// The store itself gives up after InitTimeout and names the missing ranks; the slack lets
+	// its answer arrive.
+	ctx, cancel := context.WithTimeout(ctx, cfg.InitTimeout+storeReplySlack)
 	defer cancel()
 	workers, err := join(ctx, a.store, a.self, cfg.WorldSize, cfg.InitTimeout)
 	if err != nil {

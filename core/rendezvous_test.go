@@ -67,7 +67,7 @@ func TestStoreAddress(t *testing.T) {
 	env := map[string]string{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 	tests := []struct {
 		init, want, wantErr string
-		env             map[string]string
+		env                 map[string]string
 	}{
 		{init: "env://", env: env, want: "127.0.0.1:29500"},
 		{init: "env://", env: map[string]string{"MASTER_PORT": "1"}, wantErr: "MASTER_ADDR"},

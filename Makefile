@@ -1,0 +1,79 @@
+# tensorplay-rpc: `make demo` and `make test` set everything up on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON_SYSTEM := /usr/bin/python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Debian packages the build, the package and its tests need.
+APT_PACKAGES := gcc python3-dev python3-venv python3-pip python3-setuptools python3-wheel \
+	python3-pybindgen python3-cloudpickle python3-numpy python3-pytest python3-pytest-timeout
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+NATIVE_DIR := python/tensorplay_rpc/_native
+NATIVE_STAMP := $(NATIVE_DIR)/.built
+GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
+PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
+
+.PHONY: help deps native install demo test test-go test-python vet clean
+
+help:
+	@echo "make demo   build everything and run a small world of workers on localhost"
+	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
+
+# Installs only what is missing, so a warm machine does no network work.
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+# gopy v0.4.10 built from the pinned tools module (its own x/tools pin does not compile
+# with current Go, and `go install gopy@v0.4.10` is refused by the proxy).
+bin/gopy: tools/go.mod tools/go.sum tools/tools.go
+	@mkdir -p bin
+	cd tools && go build -o ../bin/gopy github.com/go-python/gopy
+
+bin/goimports: tools/go.mod tools/go.sum
+	@mkdir -p bin
+	cd tools && go build -o ../bin/goimports golang.org/x/tools/cmd/goimports
+
+# The CPython extension, rebuilt only when Go sources change.
+$(NATIVE_STAMP): $(GO_SOURCES) bin/gopy bin/goimports | deps
+	@echo "building the Go extension with gopy"
+	@rm -rf $(NATIVE_DIR)
+	@PATH="$(CURDIR)/bin:$$PATH" CGO_LDFLAGS_ALLOW=-fwrapv bin/gopy build -vm=$(PYTHON_SYSTEM) \
+		-dynamic-link=true -no-make=true -output=$(NATIVE_DIR) ./pybind > build-native.log 2>&1 \
+		|| { cat build-native.log; exit 1; }
+	@touch $@
+
+native: deps $(NATIVE_STAMP)
+
+$(PY):
+	$(PYTHON_SYSTEM) -m venv --system-site-packages $(VENV)
+
+$(VENV)/.installed: $(PY) $(NATIVE_STAMP) $(PY_SOURCES)
+	$(PY) -m pip install -q --no-build-isolation --no-deps --disable-pip-version-check .
+	@touch $@
+
+install: deps $(VENV)/.installed
+
+vet: deps
+	go vet ./...
+	@test -z "$$(gofmt -l core pybind tools)" || { echo "gofmt needed:"; gofmt -l core pybind tools; exit 1; }
+
+test-go: deps
+	go test -race -count=1 ./...
+
+test-python: install
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider
+
+test: vet test-go test-python
+
+demo: install
+	$(PY) tests/demo.py
+
+clean:
+	rm -rf bin $(NATIVE_DIR) $(VENV) build dist python/*.egg-info build-native.log

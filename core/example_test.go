@@ -1,0 +1,106 @@
+package core_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// A world of two agents in one program: each registers an "upper" handler, and w0 calls w1.
+// Real programs run one agent per process with the same InitMethod.
+func Example() {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	store := "tcp://" + l.Addr().String()
+	l.Close()
+
+	upper := core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+		return core.Message{Payload: []byte(strings.ToUpper(string(req.Payload)))}, nil
+	})
+	agents := make([]*core.Agent, 2)
+	var wg sync.WaitGroup
+	for rank := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := core.Start(context.Background(), core.Config{
+				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
+				Handlers: map[string]core.Handler{"upper": upper},
+			})
+			if err != nil {
+				panic(err)
+			}
+			agents[rank] = a
+		}()
+	}
+	wg.Wait()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := agents[0].Call(ctx, "w1", "upper", core.Message{Payload: []byte("hello")})
+	fmt.Println(string(resp.Payload), err)
+
+	// Graceful shutdown is a barrier: every agent must call it.
+	for _, a := range agents {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Shutdown(context.Background(), true) }()
+	}
+	wg.Wait()
+	// Output: HELLO <nil>
+}
+
+// CallAsync returns at once; the future completes with the reply or an error naming the
+// worker, here a timeout.
+func ExampleAgent_CallAsync() {
+	release := make(chan struct{})
+	defer close(release)
+	agents, _ := startPair(map[string]core.Handler{
+		"wait": core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return core.Message{}, nil
+		}),
+	})
+	defer func() {
+		for _, a := range agents {
+			a.Shutdown(context.Background(), false)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	f := agents[0].CallAsync(ctx, "w1", "wait", core.Message{})
+	_, err := f.Result()
+	fmt.Println(err)
+	// Output: RPC timed out: the call to worker "w1" ran past its deadline
+}
+
+// startPair starts a two-worker world on an in-memory network.
+func startPair(handlers map[string]core.Handler) ([]*core.Agent, error) {
+	store, network := core.NewMemStore(), core.NewInmemNetwork()
+	agents := make([]*core.Agent, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for rank := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			agents[rank], errs[rank] = core.Start(context.Background(), core.Config{
+				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2,
+				Store: store, Transport: network.Transport(), Handlers: handlers,
+			})
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return agents, nil
+}

@@ -1,0 +1,379 @@
+// Package pybind is the only cgo boundary of tensorplay-rpc: the Go agent as gopy wraps it
+// into the CPython extension tensorplay_rpc._native.
+//
+// Only ints, floats, bools, strings and pointers to opaque structs cross it (see DESIGN.md).
+// Byte buffers cross as (address, length) pairs: Python passes a table of uint64 pairs naming
+// its buffers and Go copies them before returning; for data coming in, Python allocates one
+// buffer of the announced size and Go copies into it. Go never calls into Python: Python threads
+// pull requests and completions with calls that block for at most a given number of
+// milliseconds, so Ctrl-C still reaches Python between slices.
+package pybind
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// PyMethod is the method every Python-level message is sent to; Python reads its kind from
+// the payload.
+const PyMethod = "py"
+
+// Call statuses, the stable error kinds Python maps to exception types.
+const (
+	StatusOK = iota
+	StatusRemoteError
+	StatusTimeout
+	StatusPeerLost
+	StatusUnknownWorker
+	StatusShutdown
+	StatusNoHandler
+	StatusCanceled
+	StatusOther
+)
+
+func statusOf(err error) int {
+	var re *core.RemoteError
+	switch {
+	case err == nil:
+		return StatusOK
+	case errors.As(err, &re):
+		return StatusRemoteError
+	case errors.Is(err, core.ErrTimeout):
+		return StatusTimeout
+	case errors.Is(err, core.ErrPeerLost):
+		return StatusPeerLost
+	case errors.Is(err, core.ErrUnknownWorker):
+		return StatusUnknownWorker
+	case errors.Is(err, core.ErrShutdown):
+		return StatusShutdown
+	case errors.Is(err, core.ErrNoHandler):
+		return StatusNoHandler
+	case errors.Is(err, core.ErrCanceled):
+		return StatusCanceled
+	default:
+		return StatusOther
+	}
+}
+
+// recovered turns a panic into an error: a Go panic would abort the whole Python process.
+func recovered(err *error) {
+	if r := recover(); r != nil {
+		e := fmt.Errorf("tensorplay-rpc internal error: %v\n%s", r, debug.Stack())
+		slog.Error(e.Error())
+		if err != nil {
+			*err = e
+		}
+	}
+}
+
+// pythonMemory turns the address of memory Python owns into a pointer. The memory is not Go's,
+// so the garbage collector neither moves nor frees it; Python keeps it alive during the call.
+func pythonMemory(addr uintptr) unsafe.Pointer {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+}
+
+// segments reads a table of n (address, length) uint64 pairs and copies each buffer it names.
+func segments(table uintptr, n int) core.Message {
+	if n <= 0 {
+		return core.Message{}
+	}
+	pairs := unsafe.Slice((*uint64)(pythonMemory(table)), 2*n)
+	read := func(i int) []byte {
+		addr, size := uintptr(pairs[2*i]), int(pairs[2*i+1])
+		if size == 0 {
+			return []byte{}
+		}
+		return append([]byte(nil), unsafe.Slice((*byte)(pythonMemory(addr)), size)...)
+	}
+	m := core.Message{Payload: read(0)}
+	for i := 1; i < n; i++ {
+		m.Buffers = append(m.Buffers, read(i))
+	}
+	return m
+}
+
+// Segments is a received message as Python sees it: segment 0 is the payload, the rest are
+// its out-of-band buffers.
+type Segments struct{ msg core.Message }
+
+func (s *Segments) segment(i int) []byte {
+	if i == 0 {
+		return s.msg.Payload
+	}
+	return s.msg.Buffers[i-1]
+}
+
+// NumSegments is the payload plus the number of buffers.
+func (s *Segments) NumSegments() int { return 1 + len(s.msg.Buffers) }
+
+// SegmentSize is the length of segment i, or -1 if there is no such segment.
+func (s *Segments) SegmentSize(i int) int {
+	if i < 0 || i >= s.NumSegments() {
+		return -1
+	}
+	return len(s.segment(i))
+}
+
+// CopySegment copies segment i to the Python buffer at addr, which holds SegmentSize(i) bytes.
+func (s *Segments) CopySegment(i int, addr uintptr) (err error) {
+	defer recovered(&err)
+	if i < 0 || i >= s.NumSegments() {
+		return fmt.Errorf("no segment %d in a message of %d", i, s.NumSegments())
+	}
+	src := s.segment(i)
+	if len(src) > 0 {
+		copy(unsafe.Slice((*byte)(pythonMemory(addr)), len(src)), src)
+	}
+	return nil
+}
+
+// Agent is a worker's agent as Python holds it.
+type Agent struct {
+	agent    *core.Agent
+	requests chan *Request
+
+	completions chan int64
+
+	shutdownDone chan struct{}
+	shutdownErr  error
+	shutdownOnce sync.Once
+}
+
+// Start joins the world; it blocks until every worker has joined or initTimeoutMs passes.
+func Start(name string, rank, worldSize int, initMethod string, initTimeoutMs int) (a *Agent, err error) {
+	defer recovered(&err)
+	a = &Agent{
+		requests:     make(chan *Request, 1<<16),
+		completions:  make(chan int64, 1<<16),
+		shutdownDone: make(chan struct{}),
+	}
+	ag, err := core.Start(context.Background(), core.Config{
+		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
+		InitTimeout: time.Duration(initTimeoutMs) * time.Millisecond,
+		Handlers:    map[string]core.Handler{PyMethod: queueHandler{a}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.agent = ag
+	return a, nil
+}
+
+// Name is this worker's name.
+func (a *Agent) Name() string { return a.agent.Self().Name }
+
+// ID is this worker's rank.
+func (a *Agent) ID() int { return a.agent.Self().ID }
+
+// WorldSize is the number of workers.
+func (a *Agent) WorldSize() int { return len(a.agent.Workers()) }
+
+// WorkerName is the name of worker id, or "" if there is none.
+func (a *Agent) WorkerName(id int) string {
+	ws := a.agent.Workers()
+	if id < 0 || id >= len(ws) {
+		return ""
+	}
+	return ws[id].Name
+}
+
+// WorkerID is the id of the worker called name, or -1 if there is none.
+func (a *Agent) WorkerID(name string) int {
+	w, ok := a.agent.Worker(name)
+	if !ok {
+		return -1
+	}
+	return w.ID
+}
+
+// Call sends the message whose nseg segments the table at table names to worker to. A
+// positive notifyID is queued for NextCompletion when the call completes. timeoutMs <= 0 means
+// no deadline.
+func (a *Agent) Call(to int, table uintptr, nseg int, timeoutMs int, notifyID int64) (c *Call, err error) {
+	defer recovered(&err)
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if timeoutMs > 0 {
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+	}
+	c = &Call{future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg))}
+	go func() {
+		<-c.future.Done()
+		cancel()
+		if notifyID > 0 {
+			a.completions <- notifyID
+		}
+	}()
+	return c, nil
+}
+
+// NextCompletion returns the notifyID of a completed call, or 0 if none completed within
+// timeoutMs.
+func (a *Agent) NextCompletion(timeoutMs int) int64 {
+	select {
+	case id := <-a.completions:
+		return id
+	default:
+	}
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case id := <-a.completions:
+		return id
+	case <-t.C:
+		return 0
+	}
+}
+
+// Call is one outgoing call.
+type Call struct {
+	future *core.CallFuture
+}
+
+// Wait waits up to timeoutMs for the call; it reports whether the call has completed.
+func (c *Call) Wait(timeoutMs int) bool {
+	select {
+	case <-c.future.Done():
+		return true
+	default:
+	}
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-c.future.Done():
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+func (c *Call) outcome() (*Segments, error) {
+	msg, err := c.future.Result()
+	var re *core.RemoteError
+	if errors.As(err, &re) {
+		msg = re.Payload
+	}
+	return &Segments{msg: msg}, err
+}
+
+// Status is the call's outcome kind (StatusOK, StatusRemoteError, …); it waits for the call.
+func (c *Call) Status() int {
+	_, err := c.outcome()
+	return statusOf(err)
+}
+
+// ErrorMessage is the error's text, or "" if the call succeeded; it waits for the call.
+func (c *Call) ErrorMessage() string {
+	_, err := c.outcome()
+	var re *core.RemoteError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &re):
+		return re.Message
+	default:
+		return err.Error()
+	}
+}
+
+// Result is the reply, or for a remote error the detail the handler attached; it waits.
+func (c *Call) Result() *Segments {
+	s, _ := c.outcome()
+	return s
+}
+
+// queueHandler hands Python-level requests to Python's executor threads.
+type queueHandler struct{ a *Agent }
+
+func (h queueHandler) ServeRPC(call *core.ServerCall) {
+	r := &Request{call: call, Segments: Segments{msg: call.Request}}
+	select {
+	case h.a.requests <- r:
+	default:
+		// The queue is full: wait for room without stalling the caller's stream.
+		go func() { h.a.requests <- r }()
+	}
+}
+
+// NextRequest returns the next request for Python to run, or nil if none came within
+// timeoutMs.
+func (a *Agent) NextRequest(timeoutMs int) *Request {
+	select {
+	case r := <-a.requests:
+		return r
+	default:
+	}
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case r := <-a.requests:
+		return r
+	case <-t.C:
+		return nil
+	}
+}
+
+// Request is one incoming Python-level call.
+type Request struct {
+	Segments
+	call *core.ServerCall
+}
+
+// Valid reports whether the request is real (gopy turns a nil *Request into an empty one).
+func (r *Request) Valid() bool { return r != nil && r.call != nil }
+
+// CallerName is the calling worker's name.
+func (r *Request) CallerName() string { return r.call.Caller.Name }
+
+// CallerID is the calling worker's id.
+func (r *Request) CallerID() int { return r.call.Caller.ID }
+
+// Reply sends the message the table names back to the caller.
+func (r *Request) Reply(table uintptr, nseg int) (err error) {
+	defer recovered(&err)
+	r.call.Reply(segments(table, nseg))
+	return nil
+}
+
+// Fail sends an error with message and the detail the table names back to the caller.
+func (r *Request) Fail(message string, table uintptr, nseg int) (err error) {
+	defer recovered(&err)
+	r.call.Fail(core.NewRemoteError(message, segments(table, nseg)))
+	return nil
+}
+
+// BeginShutdown starts leaving the world; WaitShutdown reports when it is done. A graceful
+// shutdown waits, for at most timeoutMs if it is positive, for every worker to shut down.
+func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
+	a.shutdownOnce.Do(func() {
+		go func() {
+			defer close(a.shutdownDone)
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if timeoutMs > 0 {
+				ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+			}
+			defer cancel()
+			a.shutdownErr = a.agent.Shutdown(ctx, graceful)
+		}()
+	})
+}
+
+// WaitShutdown waits up to timeoutMs for the shutdown BeginShutdown started; it reports
+// whether it is done, and its error.
+func (a *Agent) WaitShutdown(timeoutMs int) (bool, error) {
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-a.shutdownDone:
+		return true, a.shutdownErr
+	case <-t.C:
+		return false, nil
+	}
+}

@@ -1,0 +1,9 @@
+"""Defaults shared by the API and the options, as torch.distributed.rpc defines them."""
+
+DEFAULT_RPC_TIMEOUT_SEC: float = 60.0
+DEFAULT_INIT_METHOD: str = "env://"
+DEFAULT_NUM_WORKER_THREADS: int = 16
+# A timeout argument left at this value means "use the agent's rpc_timeout".
+UNSET_RPC_TIMEOUT: float = -1.0
+# 0 means a graceful shutdown waits as long as the slowest worker.
+DEFAULT_SHUTDOWN_TIMEOUT: float = 0.0

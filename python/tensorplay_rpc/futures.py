@@ -1,0 +1,153 @@
+"""Future: the result of an asynchronous call, as ``torch.futures.Future`` defines it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Generic, List, Optional, TypeVar
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+logger = logging.getLogger(__name__)
+
+# Blocking waits return to Python this often, so Ctrl-C is seen promptly.
+WAIT_SLICE_S = 0.1
+
+
+class Future(Generic[T]):
+    """A value, or an exception, that will be available later.
+
+    Callbacks added with :meth:`then` or :meth:`add_done_callback` run in the order they were
+    added, on the thread that completes the future (or at once if it is already complete).
+    """
+
+    def __init__(self, *, devices: Optional[list] = None) -> None:
+        if devices:
+            raise ValueError("tensorplay_rpc futures hold no device state: devices must be empty")
+        self._cond = threading.Condition(threading.Lock())
+        self._done = False
+        self._result: Any = None
+        self._exception: Optional[BaseException] = None
+        self._callbacks: List[Callable[["Future[T]"], None]] = []
+        # Set for futures of outgoing calls: lets wait() collect the reply itself instead of
+        # waiting for the completion thread.
+        self._pending_call: Any = None
+
+    def done(self) -> bool:
+        """Whether the future has a result or an exception."""
+        if not self._done and self._pending_call is not None and self._pending_call.wait_slice(0):
+            self._pending_call.settle(self)
+        return self._done
+
+    def wait(self) -> T:
+        """Block until the future completes; return its value or raise its exception."""
+        call = self._pending_call
+        if call is not None and not self._done:
+            while not call.wait_slice(WAIT_SLICE_S):
+                pass
+            call.settle(self)
+        with self._cond:
+            while not self._done:
+                self._cond.wait(WAIT_SLICE_S)
+        return self.value()
+
+    def value(self) -> T:
+        """The value of a completed future; raises its exception if it failed."""
+        if not self._done:
+            raise RuntimeError("Future.value() called before the future completed: call wait() first")
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def then(self, callback: Callable[["Future[T]"], S]) -> "Future[S]":
+        """Return a future of ``callback(self)``, run once this future completes. If the
+        callback raises, the returned future fails with that exception."""
+        chained: Future[S] = Future()
+
+        def run(fut: "Future[T]") -> None:
+            try:
+                result = callback(fut)
+            except BaseException as exc:  # the chained future carries it to its waiter
+                chained._complete(None, exc)
+            else:
+                chained._complete(result, None)
+
+        self.add_done_callback(run)
+        return chained
+
+    def add_done_callback(self, callback: Callable[["Future[T]"], None]) -> None:
+        """Run ``callback(self)`` once this future completes; errors it raises are logged."""
+        with self._cond:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        self._run_callback(callback)
+
+    def set_result(self, result: T) -> None:
+        """Complete the future with ``result``."""
+        if not self._complete(result, None):
+            raise RuntimeError(
+                "Attempting to mark a completed Future as complete again. "
+                "Note that a Future can only be marked completed once."
+            )
+
+    def set_exception(self, result: BaseException) -> None:
+        """Complete the future with an exception, which :meth:`wait` will raise."""
+        if not isinstance(result, BaseException):
+            raise TypeError(f"{result!r} is of type {type(result)}, not an Exception.")
+        if not self._complete(None, result):
+            raise RuntimeError(
+                "Attempting to mark a completed Future as complete again. "
+                "Note that a Future can only be marked completed once."
+            )
+
+    def _complete(self, result: Any, exception: Optional[BaseException]) -> bool:
+        """Complete the future unless it already is; report whether this call did it."""
+        with self._cond:
+            if self._done:
+                return False
+            self._result, self._exception = result, exception
+            self._done = True
+            self._pending_call = None
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for callback in callbacks:
+            self._run_callback(callback)
+        return True
+
+    def _run_callback(self, callback: Callable[["Future[T]"], None]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            logger.exception("a Future's done callback raised; the error is ignored")
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "pending"
+        return f"<tensorplay_rpc.Future {state}>"
+
+
+def collect_all(futures: List[Future]) -> Future[List[Future]]:
+    """A future that completes, with the list of ``futures``, once all of them have."""
+    combined: Future[List[Future]] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+    if not futures:
+        combined.set_result([])
+        return combined
+
+    def one_done(_: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            combined.set_result(list(futures))
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return combined
+
+
+def wait_all(futures: List[Future]) -> List[Any]:
+    """Wait for every future and return their values; raises the first error met."""
+    return [fut.wait() for fut in futures]

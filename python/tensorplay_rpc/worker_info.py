@@ -1,0 +1,39 @@
+"""WorkerInfo: the name and id of a worker."""
+
+from __future__ import annotations
+
+
+class WorkerInfo:
+    """A worker of the RPC world: its unique ``name`` and its ``id`` (its rank)."""
+
+    __slots__ = ("_name", "_id")
+
+    def __init__(self, name: str, id: int) -> None:
+        self._name = name
+        self._id = id
+
+    @property
+    def name(self) -> str:
+        """The worker's name."""
+        return self._name
+
+    @property
+    def id(self) -> int:
+        """The worker's id, equal to its rank."""
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkerInfo):
+            return NotImplemented
+        return self._id == other._id and self._name == other._name
+
+    def __hash__(self) -> int:
+        return hash((self._id, self._name))
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self._id}, name={self._name})"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (WorkerInfo, (self._name, self._id))

@@ -1,0 +1,174 @@
+"""Runs worlds of real worker processes on loopback for the tests.
+
+A test names a scenario, ``module:function`` under ``tests/worlds``; every rank runs it in its
+own process (tests/_runner.py) with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, and the
+test gets back what each rank returned. Every process is ended by its PID when the world is
+over or its time is up.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+RUNNER = os.path.join(TESTS_DIR, "_runner.py")
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RankResult:
+    """What one rank's process did."""
+
+    rank: int
+    returncode: Optional[int]
+    value: Any
+    error: Optional[str]
+    output: str
+
+
+class WorldFailed(AssertionError):
+    """A rank failed or the world ran out of time."""
+
+
+@dataclass
+class World:
+    """A world started by :func:`start_world`."""
+
+    procs: List[subprocess.Popen]
+    outs: List[str]
+    logs: List[str]
+    port: int
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL one rank by its PID."""
+        self.procs[rank].send_signal(signal.SIGKILL)
+
+    def finish(self, timeout: float) -> List[RankResult]:
+        """Wait for every rank, killing all by PID once ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in self.procs:
+                p.wait(timeout=10)
+        results = []
+        for rank, p in enumerate(self.procs):
+            value, error = None, None
+            if os.path.exists(self.outs[rank]):
+                with open(self.outs[rank], "rb") as f:
+                    outcome = pickle.load(f)
+                value, error = outcome.get("value"), outcome.get("error")
+            with open(self.logs[rank], errors="replace") as f:
+                output = f.read()
+            results.append(RankResult(rank, p.returncode, value, error, output))
+        if timed_out:
+            raise WorldFailed(f"world timed out after {timeout}s\n" + _describe(results))
+        return results
+
+
+def _describe(results: List[RankResult]) -> str:
+    parts = []
+    for r in results:
+        parts.append(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.error or ''}\n{r.output[-4000:]}")
+    return "\n".join(parts)
+
+
+def start_world(
+    scenario: str,
+    world_size: int,
+    *,
+    ranks: Optional[List[int]] = None,
+    env: Optional[Dict[str, str]] = None,
+    args: Optional[List[str]] = None,
+    script: Optional[str] = None,
+) -> World:
+    """Start one process per rank running ``scenario`` (``module:function`` in tests/worlds),
+    or, if ``script`` is given, running that script as ``__main__``."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="tensorplay-world-")
+    procs, outs, logs = [], [], []
+    for rank in ranks if ranks is not None else range(world_size):
+        out = os.path.join(tmp, f"rank{rank}-{len(procs)}.pkl")
+        log = os.path.join(tmp, f"rank{rank}-{len(procs)}.log")
+        proc_env = dict(os.environ)
+        proc_env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            PYTHONUNBUFFERED="1",
+        )
+        proc_env.update(env or {})
+        with open(log, "wb") as logf:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, script] if script else [sys.executable, RUNNER, scenario, out] + list(args or []),
+                    cwd=TESTS_DIR,
+                    env=proc_env,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+        outs.append(out)
+        logs.append(log)
+    return World(procs, outs, logs, port)
+
+
+def run_world(scenario: str, world_size: int, *, timeout: float = 60, expect_ok: bool = True, **kwargs) -> List[RankResult]:
+    """Run a world to the end and return each rank's result; by default every rank must
+    succeed."""
+    world = start_world(scenario, world_size, **kwargs)
+    try:
+        results = world.finish(timeout)
+    finally:
+        for p in world.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    if expect_ok and any(r.returncode != 0 or r.error for r in results):
+        raise WorldFailed(_describe(results))
+    return results
+
+
+@pytest.fixture
+def world():
+    """Start worlds whose processes are killed by PID when the test ends."""
+    started: List[World] = []
+
+    def start(*args, **kwargs) -> World:
+        w = start_world(*args, **kwargs)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        for p in w.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)

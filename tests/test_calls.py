@@ -1,0 +1,76 @@
+"""Calls between real worker processes: results, names, errors, timeouts, threads."""
+
+import pytest
+
+from conftest import run_world
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_worker_calls_every_worker(world_size):
+    results = run_world("basic:all_to_all", world_size)
+    for r in results:
+        for peer in range(world_size):
+            got = r.value[f"worker{peer}"]
+            assert got == (r.rank + peer, r.rank + 10, r.rank + 100, f"worker{peer}", "xy")
+
+
+def test_worker_info():
+    results = run_world("basic:worker_infos", 3)
+    for r in results:
+        v = r.value
+        assert v["me"] == (f"worker{r.rank}", r.rank, f"WorkerInfo(id={r.rank}, name=worker{r.rank})", f"WorkerInfo(id={r.rank}, name=worker{r.rank})")
+        assert v["all"] == [("worker0", 0), ("worker1", 1), ("worker2", 2)]
+        assert v["equal"] and v["hash"] and v["distinct"]
+        assert v["timeout"] == 60.0
+
+
+def test_errors_reach_the_caller():
+    out = run_world("basic:errors", 2)[0].value
+    exc_type, msg = out["value_error"]
+    assert exc_type is ValueError
+    assert "bad value 17" in msg and "On WorkerInfo(id=1, name=worker1)" in msg
+    assert "Traceback (most recent call last)" in msg and "raise_value_error" in msg
+    assert out["value_error_async"][0] is ValueError and "async 18" in out["value_error_async"][1]
+    exc_type, msg = out["custom"]
+    assert exc_type.__name__ == "CustomError" and exc_type.__module__ == "worlds.common"
+    assert "custom failure" in msg and "42" in msg
+    assert out["bad_args"][0] is TypeError and "missing 1 required positional argument" in out["bad_args"][1]
+    assert out["unknown_name"] == (RuntimeError, "name:worker0,rank:0 could not find destination name nobody")
+    assert out["unknown_id"] == (RuntimeError, "name:worker0,rank:0 could not find destination id 7")
+    assert out["unknown_info"][0] is RuntimeError and "ghost" in out["unknown_info"][1]
+    assert out["unknown_info_lookup"][0] is RuntimeError and "nobody" in out["unknown_info_lookup"][1]
+    assert out["not_callable"] == (TypeError, "function should be callable.")
+    assert out["bad_to"][0] is TypeError
+    assert out["unpicklable_arg"][0] is TypeError and "lock" in out["unpicklable_arg"][1]
+    assert out["second_init"] == (RuntimeError, "RPC is already initialized")
+    assert out["still_serving"] == 3
+
+
+def test_timeouts():
+    out = run_world("basic:timeouts", 2)[0].value
+    for key, limit in (("explicit", 300), ("explicit_async", 300), ("default", 1000)):
+        (exc_type, msg), took = out[key]
+        assert exc_type is RuntimeError, key
+        assert "timed out" in msg and "worker1" in msg and f"({limit} ms)" in msg, msg
+        assert limit / 1000 * 0.9 <= took < limit / 1000 + 4, (key, took)
+    assert out["none"] == 1.5
+    assert out["still_serving"] == 5
+    assert out["timeout"] == 1.0
+
+
+def test_worker_thread_pool_and_free_gil():
+    out = run_world("basic:thread_pool", 2)[0].value
+    assert out["max_concurrency"] == 3
+    assert len(out["threads"]) == 3
+    assert out["spins_while_waiting"] > 1000
+
+
+def test_rank_and_world_size_from_environment():
+    results = run_world("basic:env_only", 3)
+    for r in results:
+        assert r.value == (f"env{r.rank}", r.rank, f"env{(r.rank + 1) % 3}")
+
+
+def test_seed_example_runs_as_main(tmp_path):
+    results = run_world("scripts", 2, script="scripts/seed_example.py")
+    assert results[0].output.split() == ["7", "42", "15", "abcd"]

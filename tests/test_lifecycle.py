@@ -1,0 +1,143 @@
+"""init_rpc and shutdown: the world forming, failing to form, and ending."""
+
+import os
+import time
+
+import pytest
+
+import tensorplay_rpc as rpc
+from conftest import free_port, run_world
+
+
+def test_calls_before_init_raise():
+    not_init = "RPC has not been initialized. Call tensorplay_rpc.init_rpc first."
+    for call in (
+        lambda: rpc.rpc_sync("w", max, args=(1, 2)),
+        lambda: rpc.rpc_async("w", max, args=(1, 2)),
+        lambda: rpc.get_worker_info(),
+        lambda: rpc.get_rpc_timeout(),
+        lambda: rpc.shutdown(),
+    ):
+        with pytest.raises(RuntimeError, match="RPC has not been initialized"):
+            call()
+    with pytest.raises(RuntimeError) as info:
+        rpc.rpc_sync("w", max)
+    assert str(info.value) == not_init
+    assert rpc.is_available() is True
+
+
+def test_init_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="backend must be a member of BackendType"):
+        rpc.init_rpc("w", backend="TENSORPIPE", rank=0, world_size=1)
+    with pytest.raises(TypeError, match="rpc_backend_options must be an instance of RpcBackendOptions"):
+        rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options={"rpc_timeout": 1})
+    with pytest.raises(ValueError, match="cannot be used"):
+        rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(devices=["cuda:0"]))
+
+
+def test_single_worker_world_in_process():
+    port = free_port()
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=5)
+    rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=opts)
+    try:
+        assert rpc.get_worker_info() == rpc.WorkerInfo("solo", 0)
+        assert rpc.rpc_sync("solo", max, args=(3, 9)) == 9
+        assert rpc.rpc_async(0, sorted, args=([3, 1, 2],)).wait() == [1, 2, 3]
+        with pytest.raises(RuntimeError, match="RPC is already initialized"):
+            rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=opts)
+    finally:
+        rpc.shutdown()
+    with pytest.raises(RuntimeError, match="RPC has not been initialized"):
+        rpc.rpc_sync("solo", max, args=(1, 2))
+
+
+def _errors(results):
+    return [r.value for r in results]
+
+
+def test_duplicate_names_fail_everyone():
+    for err in _errors(run_world("faults:duplicate_name", 2, timeout=30)):
+        assert err is not None and 'duplicate worker name "same"' in err[1]
+
+
+def test_duplicate_rank_fails():
+    results = run_world("faults:try_init", 3, ranks=[0, 1, 1], timeout=30)
+    errs = [r.value for r in results]
+    assert all(e is not None for e in errs)
+    assert any("rank 1 was taken by both" in e[1] for e in errs)
+
+
+def test_rank_out_of_range():
+    errs = _errors(run_world("faults:rank_out_of_range", 2, timeout=30))
+    assert errs[1][0] == "RuntimeError" and "rank 5 is out of range for world_size 2" in errs[1][1]
+    assert errs[0] is not None and "never joined" in errs[0][1]
+
+
+def test_missing_worker_times_out_naming_ranks():
+    errs = _errors(run_world("faults:missing_worker", 3, ranks=[0, 1], timeout=30))
+    for err in errs:
+        assert err[0] == "RuntimeError"
+        assert "ranks [2] of world size 3 never joined" in err[1]
+        assert err[2] < 10
+
+
+def test_invalid_name():
+    errs = _errors(run_world("faults:bad_name", 1, timeout=30))
+    assert errs[0][0] == "RuntimeError" and "worker name must match" in errs[0][1] and "bad name!" in errs[0][1]
+
+
+def test_missing_master_addr():
+    msg = run_world("faults:missing_master_addr", 1, timeout=30)[0].value
+    assert msg and "MASTER_ADDR" in msg
+
+
+def test_master_port_in_use():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=5)
+        with pytest.raises(RuntimeError, match="address already in use"):
+            rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options=opts)
+
+
+def test_graceful_shutdown_waits_for_calls_in_flight():
+    results = run_world("basic:graceful_shutdown", 3)
+    assert results[2].value["slow_result"] == 1.5
+    for r in results[:2]:
+        assert r.value["waited"] > 1.0  # they waited for worker2's slow call
+    for r in results:
+        assert r.value["after"][0] is RuntimeError and "not been initialized" in r.value["after"][1]
+        assert r.value["second_shutdown"][0] is RuntimeError
+
+
+def test_non_graceful_shutdown_returns_at_once():
+    took, (exc_type, msg) = run_world("basic:non_graceful", 2)[0].value
+    assert took < 2
+    assert exc_type is RuntimeError and "shut down" in msg and "worker1" in msg
+
+
+def test_reinit_after_shutdown():
+    results = run_world("basic:reinit", 2, args=[str(free_port())])
+    assert [r.value for r in results] == [(2, 4), (2, 4)]
+
+
+def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path):
+    ready = tmp_path / "ready"
+    w = world("faults:peer_dies", 3, args=[str(ready)])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "worker0 never got its calls in flight"
+    w.kill(1)
+    results = w.finish(timeout=30)
+    out = results[0].value
+    assert results[0].returncode == 0, results[0].output
+    assert out["waited"] < 5
+    for err in out["errors"]:
+        assert err is not None and '"worker1"' in err
+    assert out["new_call"] is not None and '"worker1"' in out["new_call"]
+    assert out["survivor"] == 4
+    assert results[2].returncode == 0, results[2].output

@@ -1,0 +1,172 @@
+"""Scenarios for calls, worker look-ups, errors and timeouts."""
+
+import os
+import threading
+import time
+
+import tensorplay_rpc as rpc
+
+from .common import CustomError, add, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
+
+
+def all_to_all(rank, world_size):
+    """Every worker calls every worker, itself included, by name, id and WorkerInfo."""
+    init(rank, world_size)
+    got = {}
+    for peer in range(world_size):
+        name = f"worker{peer}"
+        info = rpc.get_worker_info(name)
+        got[name] = (
+            rpc.rpc_sync(name, add, args=(rank, peer)),
+            rpc.rpc_sync(peer, add, args=(rank, 10)),
+            rpc.rpc_sync(info, add, kwargs={"a": rank, "b": 100}),
+            rpc.rpc_async(name, whoami).wait(),
+            rpc.rpc_sync(name, add, args=("x", "y")),
+        )
+    rpc.shutdown()
+    return got
+
+
+def worker_infos(rank, world_size):
+    init(rank, world_size)
+    me = rpc.get_worker_info()
+    infos = [rpc.get_worker_info(f"worker{i}") for i in range(world_size)]
+    out = {
+        "me": (me.name, me.id, repr(me), str(me)),
+        "all": [(w.name, w.id) for w in infos],
+        "equal": rpc.get_worker_info(f"worker{rank}") == me,
+        "hash": hash(rpc.get_worker_info(f"worker{rank}")) == hash(me),
+        "distinct": len(set(infos)) == world_size,
+        "timeout": rpc.get_rpc_timeout(),
+    }
+    rpc.shutdown()
+    return out
+
+
+def _error(fn):
+    try:
+        fn()
+    except BaseException as exc:  # noqa: B902 - the test inspects whatever was raised
+        return type(exc), str(exc)
+    return None, None
+
+
+def errors(rank, world_size):
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        out["value_error"] = _error(lambda: rpc.rpc_sync("worker1", raise_value_error, args=("bad value 17",)))
+        out["value_error_async"] = _error(lambda: rpc.rpc_async("worker1", raise_value_error, args=("async 18",)).wait())
+        out["custom"] = _error(lambda: rpc.rpc_sync("worker1", raise_custom))
+        out["bad_args"] = _error(lambda: rpc.rpc_sync("worker1", add, args=(1,)))
+        out["unknown_name"] = _error(lambda: rpc.rpc_sync("nobody", add, args=(1, 2)))
+        out["unknown_id"] = _error(lambda: rpc.rpc_sync(7, add, args=(1, 2)))
+        out["unknown_info"] = _error(lambda: rpc.rpc_sync(rpc.WorkerInfo("ghost", 1), add, args=(1, 2)))
+        out["unknown_info_lookup"] = _error(lambda: rpc.get_worker_info("nobody"))
+        out["not_callable"] = _error(lambda: rpc.rpc_sync("worker1", 42))
+        out["bad_to"] = _error(lambda: rpc.rpc_sync(3.5, add, args=(1, 2)))
+        out["unpicklable_arg"] = _error(lambda: rpc.rpc_sync("worker1", add, args=(threading.Lock(), 1)))
+        out["second_init"] = _error(lambda: init(rank, world_size))
+        out["still_serving"] = rpc.rpc_sync("worker1", add, args=(1, 2))
+    rpc.shutdown()
+    return out
+
+
+def timeouts(rank, world_size):
+    init(rank, world_size, rpc_timeout=1.0)
+    out = {}
+    if rank == 0:
+
+        def timed(fn):
+            start = time.monotonic()
+            err = _error(fn)
+            return err, time.monotonic() - start
+
+        out["explicit"] = timed(lambda: rpc.rpc_sync("worker1", slow, args=(5,), timeout=0.3))
+        out["explicit_async"] = timed(lambda: rpc.rpc_async("worker1", slow, args=(5,), timeout=0.3).wait())
+        out["default"] = timed(lambda: rpc.rpc_sync("worker1", slow, args=(5,)))
+        out["none"] = rpc.rpc_sync("worker1", slow, args=(1.5,), timeout=0)
+        out["still_serving"] = rpc.rpc_sync("worker1", add, args=(2, 3))
+        out["timeout"] = rpc.get_rpc_timeout()
+    rpc.shutdown()
+    return out
+
+
+def thread_pool(rank, world_size):
+    """The callee runs calls on num_worker_threads threads, and a caller blocked in a call
+    leaves the GIL to its other threads."""
+    init(rank, world_size, num_worker_threads=3)
+    out = {}
+    if rank == 0:
+        futs = [rpc.rpc_async("worker1", track_concurrency, args=(0.4,)) for _ in range(7)]
+        out["threads"] = sorted({f.wait() for f in futs})
+        out["max_concurrency"] = rpc.rpc_sync("worker1", max_concurrency)
+
+        spins = [0]
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                spins[0] += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        rpc.rpc_sync("worker1", slow, args=(1.0,))
+        stop.set()
+        t.join()
+        out["spins_while_waiting"] = spins[0]
+    rpc.shutdown()
+    return out
+
+
+def env_only(rank, world_size):
+    """init_rpc with nothing but a name: rank and world size come from RANK and WORLD_SIZE."""
+    rpc.init_rpc(f"env{rank}")
+    me = rpc.get_worker_info()
+    peer = rpc.rpc_sync(f"env{(rank + 1) % world_size}", whoami)
+    rpc.shutdown()
+    return me.name, me.id, peer
+
+
+def graceful_shutdown(rank, world_size):
+    """Every worker but the last calls shutdown at once; the last first makes a slow call to
+    worker0 and shuts down without waiting for it: the call must still complete."""
+    init(rank, world_size)
+    out = {}
+    if rank == world_size - 1:
+        fut = rpc.rpc_async("worker0", slow, args=(1.5,))
+        rpc.shutdown()
+        out["slow_result"] = fut.wait()
+    else:
+        start = time.monotonic()
+        rpc.shutdown()
+        out["waited"] = time.monotonic() - start
+    out["after"] = _error(lambda: rpc.rpc_sync("worker0", add, args=(1, 2)))
+    out["second_shutdown"] = _error(rpc.shutdown)
+    return out
+
+
+def reinit(rank, world_size, port2):
+    """A worker can shut down and join a new world."""
+    init(rank, world_size)
+    first = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(1, 1))
+    rpc.shutdown()
+    os.environ["MASTER_PORT"] = port2
+    init(rank, world_size)
+    second = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(2, 2))
+    rpc.shutdown()
+    return first, second
+
+
+def non_graceful(rank, world_size):
+    """Non-graceful shutdown returns at once and fails this worker's pending calls."""
+    init(rank, world_size)
+    if rank == 1:
+        time.sleep(1)  # let worker0's slow call arrive; its thread is left to die with the process
+        rpc.shutdown(graceful=False)
+        return None
+    fut = rpc.rpc_async("worker1", slow, args=(30,))
+    start = time.monotonic()
+    rpc.shutdown(graceful=False)
+    took = time.monotonic() - start
+    return took, _error(fut.wait)

@@ -1,0 +1,73 @@
+"""Functions the test worlds call on each other. They live in an importable module, so they
+travel by reference."""
+
+import threading
+import time
+
+import tensorplay_rpc as rpc
+
+
+class CustomError(Exception):
+    """An exception class of the tests' own, constructed with several arguments."""
+
+
+def add(a, b):
+    return a + b
+
+
+def whoami():
+    return rpc.get_worker_info().name
+
+
+def slow(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def raise_value_error(message):
+    raise ValueError(message)
+
+
+def raise_custom():
+    raise CustomError("custom failure", 42)
+
+
+def options(**kwargs):
+    return rpc.TensorPipeRpcBackendOptions(**kwargs)
+
+
+def init(rank, world_size, **opts):
+    """Join as worker<rank> with the given backend options."""
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options(**opts))
+
+
+_active = 0
+_max_active = 0
+_lock = threading.Lock()
+_done = threading.Event()
+
+
+def track_concurrency(seconds):
+    """Sleep while counting how many calls run at once on this worker."""
+    global _active, _max_active
+    with _lock:
+        _active += 1
+        _max_active = max(_max_active, _active)
+    time.sleep(seconds)
+    with _lock:
+        _active -= 1
+    return threading.current_thread().name
+
+
+def max_concurrency():
+    return _max_active
+
+
+def set_done():
+    _done.set()
+
+
+def wait_done(timeout):
+    """Block until another worker calls set_done (bounded)."""
+    if not _done.wait(timeout):
+        raise TimeoutError("nobody called set_done")

@@ -1,0 +1,85 @@
+"""Scenarios where the world cannot form or a worker dies."""
+
+import os
+import time
+
+import tensorplay_rpc as rpc
+
+from .common import add, init, options, set_done, slow, wait_done
+
+
+def try_init(rank, world_size, name=None, rank_override=None, rpc_timeout="3"):
+    """Try to join; return the error type and message, or None if the world formed."""
+    start = time.monotonic()
+    try:
+        rpc.init_rpc(
+            name or f"worker{rank}",
+            rank=int(rank_override) if rank_override is not None else rank,
+            world_size=world_size,
+            rpc_backend_options=options(rpc_timeout=float(rpc_timeout)),
+        )
+    except Exception as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    rpc.shutdown(graceful=False)
+    return None
+
+
+def duplicate_name(rank, world_size):
+    return try_init(rank, world_size, name="same")
+
+
+def rank_out_of_range(rank, world_size):
+    return try_init(rank, world_size, rank_override=5 if rank == 1 else None)
+
+
+def missing_worker(rank, world_size):
+    return try_init(rank, world_size, rpc_timeout="2")
+
+
+def bad_name(rank, world_size):
+    return try_init(rank, world_size, name="bad name!")
+
+
+def peer_dies(rank, world_size, ready_file):
+    """worker0 waits on calls to worker1, which the test then kills by PID."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        futs = [rpc.rpc_async("worker1", slow, args=(60,)) for _ in range(3)]
+        rpc.rpc_sync("worker1", add, args=(1, 1))  # the slow calls are in worker1's hands now
+        with open(ready_file, "w") as f:
+            f.write("ready")
+        errors = []
+        start = time.monotonic()
+        for f in futs:
+            try:
+                f.wait()
+                errors.append(None)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        out["waited"] = time.monotonic() - start
+        out["errors"] = errors
+        try:
+            rpc.rpc_sync("worker1", add, args=(1, 1))
+            out["new_call"] = None
+        except RuntimeError as exc:
+            out["new_call"] = str(exc)
+        out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
+        rpc.rpc_sync("worker2", set_done)
+        rpc.shutdown(graceful=False)
+    elif rank == 1:
+        time.sleep(120)  # killed by the test long before this
+    else:
+        wait_done(60)
+        time.sleep(1)  # let the reply to set_done leave before the non-graceful shutdown
+        rpc.shutdown(graceful=False)
+    return out
+
+
+def missing_master_addr(rank, world_size):
+    del os.environ["MASTER_ADDR"]
+    try:
+        rpc.init_rpc("w", rank=0, world_size=1)
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -1,11 +1,13 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +43,9 @@ type Config struct {
 	Store Store
 	// Logger receives warnings; nil means slog.Default().
 	Logger *slog.Logger
+	// OnRRefDropped is called when an RRef this worker owns is referenced nowhere any more,
+	// so its value can be dropped. It must not block.
+	OnRRefDropped func(RRefID)
 }
 
 const (
@@ -59,18 +64,26 @@ type Agent struct {
 	transport   Transport
 	store       Store
 	storeServer *StoreServer
+	leaveStore  func() error // set for stores that need to hear a worker leave
 	log         *slog.Logger
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
 
 	nextID      atomic.Uint64
-	outstanding atomic.Int64 // calls made and not yet completed
-	state       atomic.Int32
-	ready       chan struct{} // closed once the world is known
-	serveCtx    context.Context
-	stopServing context.CancelFunc
-	shutdown    sync.Once
+	nextLocalID atomic.Int64
+
+	refs          *refTable
+	onRRefDropped func(RRefID)
+	releaseMu     sync.Mutex
+	releases      map[int][]RefOp // queued releases, by owner
+	releaseKick   chan struct{}
+	outstanding   atomic.Int64 // calls made and not yet completed
+	state         atomic.Int32
+	ready         chan struct{} // closed once the world is known
+	serveCtx      context.Context
+	stopServing   context.CancelFunc
+	shutdown      sync.Once
 }
 
 // Start joins the world described by cfg and returns once every worker knows every other.
@@ -96,6 +109,10 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		log:       cfg.Logger,
 		handlers:  map[string]Handler{},
 		ready:     make(chan struct{}),
+
+		refs:          newRefTable(),
+		onRRefDropped: cfg.OnRRefDropped,
+		releaseKick:   make(chan struct{}, 1),
 	}
 	if a.log == nil {
 		a.log = slog.Default()
@@ -117,23 +134,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 func (a *Agent) start(ctx context.Context, cfg Config) error {
 	host := cfg.ListenHost
 	if a.store == nil {
-		addr, err := StoreAddress(cfg.InitMethod, os.Getenv)
-		if err != nil {
+		var err error
+		if host, err = a.openStore(cfg, host); err != nil {
 			return err
-		}
-		if cfg.Rank == 0 {
-			mem := NewMemStore()
-			if a.storeServer, err = ServeStore(addr, mem); err != nil {
-				return fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
-			}
-			a.store = mem
-		} else if a.store, err = DialStore(addr); err != nil {
-			return err
-		}
-		if host == "" {
-			if host, err = hostToward(addr); err != nil {
-				return fmt.Errorf("%w: %w", ErrRendezvous, err)
-			}
 		}
 	}
 	addr, err := a.transport.Listen(host, a.serveStream)
@@ -157,7 +160,42 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 		a.peers[id] = &peer{agent: a, info: w}
 	}
 	close(a.ready)
+	go a.sendReleases()
 	return nil
+}
+
+// openStore opens the store cfg.InitMethod names (serving it on rank 0 for tcp and env) and
+// returns the host to listen on: the given one, or one peers can reach given the store.
+func (a *Agent) openStore(cfg Config, host string) (string, error) {
+	if path, ok := strings.CutPrefix(cfg.InitMethod, "file://"); ok {
+		if path == "" {
+			return "", fmt.Errorf("init_method %q names no file", cfg.InitMethod)
+		}
+		fs := NewFileStore(path)
+		a.store = fs
+		a.leaveStore = func() error { return fs.leave(cfg.Rank, cfg.WorldSize) }
+		// A file every worker opens suggests one machine: loopback unless told otherwise.
+		return cmp.Or(host, "127.0.0.1"), nil
+	}
+	addr, err := StoreAddress(cfg.InitMethod, os.Getenv)
+	if err != nil {
+		return "", err
+	}
+	if cfg.Rank == 0 {
+		mem := NewMemStore()
+		if a.storeServer, err = ServeStore(addr, mem); err != nil {
+			return "", fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
+		}
+		a.store = mem
+	} else if a.store, err = DialStore(addr); err != nil {
+		return "", err
+	}
+	if host == "" {
+		if host, err = hostToward(addr); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrRendezvous, err)
+		}
+	}
+	return host, nil
 }
 
 // Self is this worker.
@@ -316,11 +354,14 @@ func (a *Agent) serveStream(s Stream) {
 		if err != nil {
 			return
 		}
-		if fr.Kind != FrameRequest {
+		switch fr.Kind {
+		case FrameRequest:
+			a.dispatch(ctx, caller, fr, reply)
+		case FrameRefs:
+			a.applyRefOps(fr.Refs)
+		default:
 			a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)
-			continue
 		}
-		a.dispatch(ctx, caller, fr, reply)
 	}
 }
 
@@ -380,6 +421,9 @@ func (a *Agent) drain(ctx context.Context) error {
 			return fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
 		}
 	}
+	// Releases still queued go out before the barrier, so owners see them before anyone
+	// closes.
+	a.flushReleases(ctx)
 	var wait time.Duration
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
@@ -406,6 +450,11 @@ func (a *Agent) close() {
 	}
 	if a.storeServer != nil {
 		a.storeServer.Close()
+	}
+	if a.leaveStore != nil && a.workers != nil {
+		if err := a.leaveStore(); err != nil {
+			a.log.Warn("tensorplay-rpc: leaving the store", "err", err)
+		}
 	}
 	if a.store != nil {
 		a.store.Close()

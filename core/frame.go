@@ -11,6 +11,8 @@ const (
 	FrameRequest
 	// FrameResponse answers the request with the same ID.
 	FrameResponse
+	// FrameRefs carries RRef reference operations to their owner; it has no reply.
+	FrameRefs
 )
 
 // Status is the outcome carried by a response frame.
@@ -42,4 +44,5 @@ type Frame struct {
 	Error    string
 	Payload  []byte
 	Buffers  [][]byte
+	Refs     []RefOp
 }

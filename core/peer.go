@@ -100,6 +100,24 @@ func (c *peerConn) send(id uint64, f *CallFuture, req *Frame) error {
 	return nil
 }
 
+// sendOneWay sends a frame that expects no reply.
+func (c *peerConn) sendOneWay(f *Frame) error {
+	c.mu.Lock()
+	broken := c.broken
+	c.mu.Unlock()
+	if broken != nil {
+		return broken
+	}
+	c.sendMu.Lock()
+	err := c.stream.Send(f)
+	c.sendMu.Unlock()
+	if err != nil {
+		c.fail(err)
+		return c.broken
+	}
+	return nil
+}
+
 // take removes and returns the pending call id, if it is still pending.
 func (c *peerConn) take(id uint64) *CallFuture {
 	c.mu.Lock()

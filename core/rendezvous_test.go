@@ -2,7 +2,9 @@ package core_test
 
 import (
 	"errors"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,4 +106,39 @@ func TestMasterPortInUse(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("err = %v, want address already in use", err)
 	}
+}
+
+func TestFileStoreWorld(t *testing.T) {
+	path := t.TempDir() + "/world"
+	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: testHandlers(nil)})
+	for i := range cfgs {
+		cfgs[i].InitMethod = "file://" + path
+	}
+	agents, errs := coretest.StartAll(cfgs)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := agents[2].Call(t.Context(), "w0", "echo", core.Message{Payload: []byte("via file")})
+	if err != nil || string(resp.Payload) != "via file" {
+		t.Fatalf("got %q, %v", resp.Payload, err)
+	}
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Shutdown(t.Context(), true) }()
+	}
+	wg.Wait()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the store file outlived the world: %v", err)
+	}
+	// The same path serves a new world.
+	solo := cfgs[0]
+	solo.WorldSize = 1
+	again, err := core.Start(t.Context(), solo)
+	if err != nil {
+		t.Fatalf("a new world on the same path: %v", err)
+	}
+	again.Shutdown(t.Context(), true)
 }

@@ -32,7 +32,7 @@ def test_init_rejects_bad_arguments():
     with pytest.raises(TypeError, match="rpc_backend_options must be an instance of RpcBackendOptions"):
         rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options={"rpc_timeout": 1})
     with pytest.raises(ValueError, match="cannot be used"):
-        rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(devices=["cuda:0"]))
+        rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(devices=["cuda:0"], init_method=f"tcp://127.0.0.1:{free_port()}"))
 
 
 def test_single_worker_world_in_process():

@@ -1,35 +1,56 @@
 """tensorplay_rpc: the ``tensorplay.distributed.rpc`` API on a Go agent.
 
-Workers call functions on each other with :func:`rpc_sync` and :func:`rpc_async` after
-:func:`init_rpc`; see the README for an example.
+Workers call functions on each other with :func:`rpc_sync`, :func:`rpc_async` and
+:func:`remote` after :func:`init_rpc`; see the README for an example.
 """
 
+from . import functions
 from .api import (
+    AllGatherStates,
     get_rpc_timeout,
     get_worker_info,
     init_rpc,
     is_available,
+    remote,
     rpc_async,
     rpc_sync,
     shutdown,
 )
-from .backend_registry import BackendType, BackendValue
+from .backend_registry import (
+    BackendType,
+    BackendValue,
+    backend_registered,
+    construct_rpc_backend_options,
+    init_backend,
+    register_backend,
+)
 from .futures import Future, collect_all, wait_all
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
+from .rref import RRef, method_factory, new_method
 from .worker_info import WorkerInfo
 
 __all__ = [
+    "AllGatherStates",
     "BackendType",
     "BackendValue",
     "Future",
+    "RRef",
     "RpcBackendOptions",
     "TensorPipeRpcBackendOptions",
     "WorkerInfo",
+    "backend_registered",
     "collect_all",
+    "construct_rpc_backend_options",
+    "functions",
     "get_rpc_timeout",
     "get_worker_info",
+    "init_backend",
     "init_rpc",
     "is_available",
+    "method_factory",
+    "new_method",
+    "register_backend",
+    "remote",
     "rpc_async",
     "rpc_sync",
     "shutdown",

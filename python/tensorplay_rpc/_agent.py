@@ -15,8 +15,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ._boundary import SegmentTable, read_segments
 from ._native import pybind as _native
+from .functions import is_async_execution
 from .futures import Future, WAIT_SLICE_S
-from .internal import RemoteException, deserialize, raw_buffers, serialize
+from .internal import Deferred, RemoteException, deserialize, raw_buffers, serialize
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,37 @@ logger = logging.getLogger(__name__)
 _SLICE_MS = int(WAIT_SLICE_S * 1000)
 
 # Message kinds: the first item of every Python-level request.
-CALL = "call"
+CALL = "call"  # (CALL, func, args, kwargs): run func, reply with its result
+REMOTE = "remote"  # (REMOTE, rref_id, func, args, kwargs): run func, keep the result as an RRef
+FETCH = "fetch"  # (FETCH, rref_id): reply with the value of an RRef this worker owns
+
+_current: Optional["PythonAgent"] = None
+_current_lock = threading.Lock()
+
+
+def current_agent() -> Optional["PythonAgent"]:
+    """This process's agent, or None before init_rpc and after shutdown."""
+    return _current
+
+
+def require_agent() -> "PythonAgent":
+    """This process's agent; raises if RPC is not initialized."""
+    agent = _current
+    if agent is None:
+        raise RuntimeError("RPC has not been initialized. Call tensorplay_rpc.init_rpc first.")
+    return agent
+
+
+def install_agent(agent: Optional["PythonAgent"], expected: Optional["PythonAgent"] = None) -> None:
+    """Make ``agent`` the process's agent if the current one is ``expected``; raises if RPC
+    is already initialized when installing a new one."""
+    global _current
+    with _current_lock:
+        if agent is not None and _current is not None:
+            raise RuntimeError("RPC is already initialized")
+        if agent is None and _current is not expected:
+            return
+        _current = agent
 
 
 class _PendingCall:
@@ -75,18 +106,31 @@ class _PendingCall:
         return None, RuntimeError(self.native.ErrorMessage())
 
 
+def _confirm_creation(created: Future) -> None:
+    """The reply to a remote(): nothing, or the creation's error."""
+    created.wait()
+
+
 class PythonAgent:
     """One worker's agent: owns the Go agent and the Python threads around it."""
 
     def __init__(self, native, num_worker_threads: int, rpc_timeout: float) -> None:
+        from .rref import OwnerTable
+
         self.native = native
         self.rpc_timeout = rpc_timeout
+        self.owner_table = OwnerTable()
+        self.running = True
         self.info = WorkerInfo(native.Name(), native.ID())
         self.workers: List[WorkerInfo] = [
             WorkerInfo(native.WorkerName(i), i) for i in range(native.WorldSize())
         ]
         self._by_name: Dict[str, WorkerInfo] = {w.name: w for w in self.workers}
-        self._handlers: Dict[str, Callable[..., Any]] = {CALL: self._run_call}
+        self._handlers: Dict[str, Callable[..., Any]] = {
+            CALL: self._run_call,
+            REMOTE: self._run_remote,
+            FETCH: self._fetch,
+        }
         self._notify_ids = itertools.count(1)
         self._pending_lock = threading.Lock()
         self._pending: Dict[int, Future] = {}
@@ -95,7 +139,7 @@ class PythonAgent:
             threading.Thread(target=self._serve_loop, name=f"tensorplay-rpc-worker-{i}", daemon=True)
             for i in range(num_worker_threads)
         ]
-        self._completer = threading.Thread(target=self._complete_loop, name="tensorplay-rpc-completions", daemon=True)
+        self._completer = threading.Thread(target=self._event_loop, name="tensorplay-rpc-events", daemon=True)
 
     def start(self) -> None:
         """Start running incoming calls and completing futures. Called once the agent is
@@ -112,13 +156,19 @@ class PythonAgent:
 
     # -- outgoing calls -------------------------------------------------------------------
 
-    def send(self, dest: WorkerInfo, message: Any, timeout: float, notify: bool = True) -> Future:
+    def call(self, dest: WorkerInfo, message: Any, timeout: float, notify: bool = True) -> Future:
         """Send a Python-level message and return the future of its reply.
 
-        ``timeout`` is in seconds, 0 meaning none. Without ``notify`` the reply is collected
-        only by waiting on the future (the rpc_sync fast path).
+        ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none. Without
+        ``notify`` the reply is collected only by waiting on the future (the rpc_sync fast
+        path).
         """
-        data, buffers = serialize(message)
+        if timeout < 0:
+            timeout = self.rpc_timeout
+        data, buffers, context = serialize(message, dest.id)
+        # Forks go to their owners before the message that carries them (core/rref.go).
+        for owner, rref_id, fork_id in context.forks:
+            self.add_fork(owner, rref_id, fork_id, holder=dest.id)
         timeout_ms = 0 if timeout <= 0 else max(1, int(round(timeout * 1000)))
         fut: Future = Future()
         notify_id = next(self._notify_ids) if notify else 0
@@ -138,17 +188,25 @@ class PythonAgent:
         fut._pending_call = _PendingCall(native_call, dest.name, timeout_ms)
         return fut
 
-    def _complete_loop(self) -> None:
+    def add_fork(self, owner: int, rref_id, fork_id, holder: int) -> None:
+        """Register an RRef fork held by ``holder`` with the RRef's owner."""
+        self.native.AddFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], holder)
+
+    def _event_loop(self) -> None:
+        """Complete futures of calls made with notify, and drop values no one references."""
         while True:
-            notify_id = self.native.NextCompletion(_SLICE_MS)
-            if notify_id == 0:
+            event = self.native.NextEvent(_SLICE_MS)
+            if not event.Valid():
                 if self._stopping.is_set():
                     with self._pending_lock:
                         if not self._pending:
                             return
                 continue
+            if event.Kind() == _native.EventRRefDropped:
+                self.owner_table.drop((event.RRefCreator(), event.RRefLocal()))
+                continue
             with self._pending_lock:
-                fut = self._pending.pop(notify_id, None)
+                fut = self._pending.pop(event.NotifyID(), None)
             call = fut._pending_call if fut is not None else None
             if call is not None:
                 call.settle(fut)
@@ -166,27 +224,76 @@ class PythonAgent:
             payload, buffers = read_segments(request)
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
-            data, out_buffers = serialize(result)
         except BaseException as exc:  # everything the user code raises goes back to the caller
             self._reply_error(request, exc)
             return
-        table = SegmentTable([data] + raw_buffers(out_buffers))
+        if isinstance(result, Deferred):
+            result.future.add_done_callback(lambda fut: self._reply_outcome(request, fut))
+        else:
+            self._reply(request, result)
+
+    def _reply_outcome(self, request, fut: Future) -> None:
+        try:
+            result = fut.wait()
+        except BaseException as exc:
+            self._reply_error(request, exc)
+            return
+        self._reply(request, result)
+
+    def _reply(self, request, result: Any) -> None:
+        try:
+            data, buffers, context = serialize(result, request.CallerID())
+            for owner, rref_id, fork_id in context.forks:
+                self.add_fork(owner, rref_id, fork_id, holder=request.CallerID())
+        except BaseException as exc:  # an unpicklable result fails the call, not the worker
+            self._reply_error(request, exc)
+            return
+        table = SegmentTable([data] + raw_buffers(buffers))
         try:
             request.Reply(table.address, table.count)
         finally:
             table.release()
 
     def _reply_error(self, request, exc: BaseException) -> None:
+        try:
+            summary = f"{type(exc).__name__}: {exc}"
+        except Exception:  # an exception whose str() fails still gets reported
+            summary = type(exc).__name__
         detail = RemoteException.capture(exc, repr(self.info)).encode()
         table = SegmentTable([detail])
         try:
-            request.Fail(f"{type(exc).__name__}: {exc}", table.address, table.count)
+            request.Fail(summary, table.address, table.count)
         finally:
             table.release()
 
     @staticmethod
     def _run_call(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if is_async_execution(func):
+            if not isinstance(result, Future):
+                raise TypeError(
+                    f"async_execution function {getattr(func, '__qualname__', func)} must return a Future, "
+                    f"got {type(result).__name__}"
+                )
+            return Deferred(result)
+        return result
+
+    def _run_remote(self, rref_id, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Create an RRef's value; the reply (None, or the creation's error) confirms it."""
+        slot = self.owner_table.creation_slot(tuple(rref_id))
+        try:
+            result = self._run_call(func, args, kwargs)
+        except BaseException as exc:
+            slot._complete(None, exc)
+            raise
+        if isinstance(result, Deferred):
+            result.future.add_done_callback(lambda fut: slot._complete(fut._result, fut._exception))
+            return Deferred(result.future.then(_confirm_creation))
+        slot._complete(result, None)
+        return None
+
+    def _fetch(self, rref_id) -> Deferred:
+        return Deferred(self.owner_table.slot(tuple(rref_id)))
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -197,6 +304,7 @@ class PythonAgent:
             while not self.native.WaitShutdown(_SLICE_MS):
                 pass
         finally:
+            self.running = False
             self._stopping.set()
             self._completer.join(timeout=5)
             for t in self._threads:

@@ -1,34 +1,27 @@
-"""The public RPC calls: init_rpc, shutdown, rpc_sync, rpc_async and worker look-ups."""
+"""The public RPC calls: init_rpc, shutdown, rpc_sync, rpc_async, remote, worker look-ups and
+the all-gather helpers."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 from urllib.parse import parse_qs, urlparse
 
-from . import constants
-from ._agent import CALL, PythonAgent
-from ._native import pybind as _native
+from . import backend_registry, constants
+from ._agent import CALL, REMOTE, PythonAgent, current_agent, install_agent, require_agent
 from .backend_registry import BackendType
 from .futures import Future
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
+from .rref import RRef, _make_rref
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
 
 Destination = Union[str, int, WorkerInfo]
 
-_agent_lock = threading.Lock()
-_agent: Optional[PythonAgent] = None
-
-
-def _require_agent() -> PythonAgent:
-    agent = _agent
-    if agent is None:
-        raise RuntimeError("RPC has not been initialized. Call tensorplay_rpc.init_rpc first.")
-    return agent
+_init_lock = threading.Lock()
 
 
 def _env_rendezvous_error(var: str) -> ValueError:
@@ -39,9 +32,9 @@ def _env_rendezvous_error(var: str) -> ValueError:
 
 def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> Tuple[str, int, int]:
     """Fill in rank and world_size as torch's rendezvous does: from the environment for
-    ``env://``, from the URL's query for ``tcp://``. Returns the store's ``tcp://`` URL too:
-    the Go runtime sees only the environment the process started with, not later changes to
-    ``os.environ``, so ``env://`` is resolved here."""
+    ``env://``, from the URL's query for ``tcp://`` and ``file://``. Returns the store URL
+    the Go agent uses too: the Go runtime sees only the environment the process started with,
+    not later changes to ``os.environ``, so ``env://`` is resolved here."""
     url = urlparse(init_method)
     if url.scheme == "env":
         if rank == -1:
@@ -58,8 +51,8 @@ def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> 
         host = os.environ["MASTER_ADDR"]
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
-        init_method = f"tcp://{host}:{os.environ['MASTER_PORT']}"
-    elif url.scheme == "tcp":
+        store = f"tcp://{host}:{os.environ['MASTER_PORT']}"
+    elif url.scheme in ("tcp", "file"):
         query = parse_qs(url.query)
         if rank == -1 and "rank" in query:
             rank = int(query["rank"][0])
@@ -67,26 +60,12 @@ def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> 
             world_size = int(query["world_size"][0])
         if rank == -1:
             raise ValueError(f"rank parameter missing: pass rank= or add ?rank= to {init_method}")
+        store = url._replace(query="").geturl()
     else:
-        raise ValueError(f"init_method {init_method!r} is not supported: use env:// or tcp://host:port")
+        raise ValueError(f"init_method {init_method!r} is not supported: use env://, tcp://host:port or file:///path")
     if world_size is None:
         raise ValueError("world_size must be given (dynamic world membership is not supported)")
-    return init_method, int(rank), int(world_size)
-
-
-def _check_devices(options: TensorPipeRpcBackendOptions) -> None:
-    """This build moves no accelerator memory: refuse any device other than the CPU."""
-
-    def is_cpu(device: Any) -> bool:
-        return str(device) == "cpu"
-
-    bad = [d for d in options.devices if not is_cpu(d)]
-    for dest, mapping in options.device_maps.items():
-        bad += [f"{dest}: {k}->{v}" for k, v in mapping.items() if not (is_cpu(k) and is_cpu(v))]
-    if bad:
-        raise ValueError(
-            f"tensorplay_rpc was built without accelerator support; these devices cannot be used: {bad}"
-        )
+    return store, int(rank), int(world_size)
 
 
 def init_rpc(
@@ -103,50 +82,48 @@ def init_rpc(
         backend: a member of :class:`BackendType`; TENSORPIPE by default.
         rank: this worker's rank, from 0 to ``world_size - 1`` (default: ``$RANK``).
         world_size: number of workers (default: ``$WORLD_SIZE``).
-        rpc_backend_options: a :class:`TensorPipeRpcBackendOptions`.
+        rpc_backend_options: the backend's options, e.g. :class:`TensorPipeRpcBackendOptions`.
     """
-    global _agent
     if backend is not None and not isinstance(backend, BackendType):
         raise TypeError("Argument backend must be a member of BackendType")
     if rpc_backend_options is not None and not isinstance(rpc_backend_options, RpcBackendOptions):
         raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
     if not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
-    options = rpc_backend_options or TensorPipeRpcBackendOptions()
-    if not isinstance(options, TensorPipeRpcBackendOptions):
-        options = TensorPipeRpcBackendOptions(rpc_timeout=options.rpc_timeout, init_method=options.init_method)
-    with _agent_lock:
-        if _agent is not None:
+    if backend is None:
+        backend = BackendType.TENSORPIPE
+    if rpc_backend_options is None:
+        rpc_backend_options = backend_registry.construct_rpc_backend_options(backend)
+    with _init_lock:
+        if current_agent() is not None:
             raise RuntimeError("RPC is already initialized")
-        _check_devices(options)
-        store_url, rank, world_size = _rendezvous_args(options.init_method, rank, world_size)
-        init_timeout = options.rpc_timeout if options.rpc_timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
-        native = _native.Start(name, rank, world_size, store_url, int(init_timeout * 1000))
-        _agent = PythonAgent(native, options.num_worker_threads, options.rpc_timeout)
-        _agent.start()
+        store, rank, world_size = _rendezvous_args(rpc_backend_options.init_method, rank, world_size)
+        agent = backend_registry.init_backend(
+            backend, store=store, name=name, rank=rank, world_size=world_size, rpc_backend_options=rpc_backend_options
+        )
+        install_agent(agent)
+        agent.start()
     logger.debug("RPC agent %s joined a world of %d", name, world_size)
 
 
 def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_TIMEOUT) -> None:
     """Leave the RPC world.
 
-    A graceful shutdown waits until every worker has called shutdown and no calls are in
-    flight anywhere (at most ``timeout`` seconds if positive). A non-graceful one returns at
-    once and fails this worker's pending calls.
+    A graceful shutdown is a barrier: it returns once every worker has called shutdown and no
+    calls are in flight anywhere (waiting at most ``timeout`` seconds if positive). A
+    non-graceful one returns at once and fails this worker's pending calls. Afterwards every
+    call raises.
     """
-    global _agent
-    agent = _require_agent()
+    agent = require_agent()
     try:
         agent.shutdown(graceful, timeout)
     finally:
-        with _agent_lock:
-            if _agent is agent:
-                _agent = None
+        install_agent(None, expected=agent)
 
 
 def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
     """The :class:`WorkerInfo` of worker ``worker_name``, or of this worker."""
-    agent = _require_agent()
+    agent = require_agent()
     if worker_name is None:
         return agent.info
     return _destination(agent, worker_name)
@@ -154,7 +131,7 @@ def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
 
 def get_rpc_timeout() -> float:
     """The default timeout of calls, in seconds, as set in the backend options."""
-    return _require_agent().rpc_timeout
+    return require_agent().rpc_timeout
 
 
 def is_available() -> bool:
@@ -181,16 +158,9 @@ def _destination(agent: PythonAgent, to: Destination) -> WorkerInfo:
     raise TypeError(f"to must be a worker name, id or WorkerInfo, got {type(to).__name__}")
 
 
-def _send_call(
-    to: Destination, func: Callable[..., Any], args: Optional[tuple], kwargs: Optional[dict], timeout: float, notify: bool
-) -> Future:
-    agent = _require_agent()
+def _check_callable(func: Any) -> None:
     if not callable(func):
         raise TypeError("function should be callable.")
-    dest = _destination(agent, to)
-    if timeout < 0:
-        timeout = agent.rpc_timeout
-    return agent.send(dest, (CALL, func, tuple(args or ()), dict(kwargs or {})), timeout, notify)
 
 
 def rpc_async(
@@ -205,7 +175,9 @@ def rpc_async(
 
     ``timeout`` is in seconds: -1 uses the agent's rpc_timeout, 0 means no timeout.
     """
-    return _send_call(to, func, args, kwargs, timeout, notify=True)
+    agent = require_agent()
+    _check_callable(func)
+    return agent.call(_destination(agent, to), (CALL, func, tuple(args or ()), dict(kwargs or {})), timeout)
 
 
 def rpc_sync(
@@ -220,4 +192,129 @@ def rpc_sync(
     ``timeout`` is in seconds: -1 uses the agent's rpc_timeout, 0 means no timeout. An
     exception raised by ``func`` is raised here with the remote traceback in its message.
     """
-    return _send_call(to, func, args, kwargs, timeout, notify=False).wait()
+    agent = require_agent()
+    _check_callable(func)
+    message = (CALL, func, tuple(args or ()), dict(kwargs or {}))
+    return agent.call(_destination(agent, to), message, timeout, notify=False).wait()
+
+
+def remote(
+    to: Destination,
+    func: Callable[..., Any],
+    args: Optional[tuple] = None,
+    kwargs: Optional[dict] = None,
+    timeout: float = constants.UNSET_RPC_TIMEOUT,
+) -> RRef:
+    """Run ``func(*args, **kwargs)`` on worker ``to`` and return at once an :class:`RRef` to
+    the result, which is kept on ``to`` (its owner).
+
+    An error raised by ``func`` is raised by ``to_here()`` and the RRef's proxies. ``timeout``
+    bounds the creation: if it passes, ``to_here()`` raises a timeout error.
+    """
+    agent = require_agent()
+    _check_callable(func)
+    dest = _destination(agent, to)
+    me = agent.info.id
+    rref_id = (me, agent.native.NewLocalID())
+    fork_id = (me, agent.native.NewLocalID())
+    agent.add_fork(dest.id, rref_id, fork_id, holder=me)
+    # Made before the call, so a failure to send still releases the fork.
+    rref = _make_rref(agent, dest.id, rref_id, fork_id)
+    creation = agent.call(dest, (REMOTE, rref_id, func, tuple(args or ()), dict(kwargs or {})), timeout)
+    rref._creation = creation
+    return rref
+
+
+class AllGatherStates:
+    """One all-gather round on one worker: the objects gathered so far, by worker name, and
+    the event set once they are all there."""
+
+    def __init__(self) -> None:
+        self.gathered_objects: Dict[str, Any] = {}
+        self.proceed_signal = threading.Event()
+
+
+_all_gather_lock = threading.Lock()
+_all_gather_rounds: Dict[str, int] = {}
+_all_gather_states: Dict[str, AllGatherStates] = {}
+
+
+def _states(round_id: str) -> AllGatherStates:
+    states = _all_gather_states.get(round_id)
+    if states is None:
+        states = _all_gather_states[round_id] = AllGatherStates()
+    return states
+
+
+def _gather_to_leader(round_id: str, worker_name: str, obj: Any, worker_names: Set[str]) -> None:
+    """Runs on the leader: record one worker's object."""
+    with _all_gather_lock:
+        states = _states(round_id)
+        if worker_name in states.gathered_objects:
+            raise RuntimeError(f"worker {worker_name} joined all-gather round {round_id} twice")
+        states.gathered_objects[worker_name] = obj
+        if set(states.gathered_objects) == set(worker_names):
+            states.proceed_signal.set()
+
+
+def _broadcast_to_followers(round_id: str, objects: Dict[str, Any]) -> None:
+    """Runs on each follower: the leader's complete result."""
+    with _all_gather_lock:
+        states = _states(round_id)
+        states.gathered_objects = objects
+        states.proceed_signal.set()
+
+
+def _all_gather(obj: Any, worker_names: Optional[Set[str]] = None, timeout: float = constants.UNSET_RPC_TIMEOUT) -> Dict[str, Any]:
+    """Gather ``obj`` from every worker of ``worker_names`` (default: the whole world); every
+    one of them gets the same dict of worker name to object. The worker whose name sorts first
+    leads."""
+    agent = require_agent()
+    names = set(worker_names) if worker_names else {w.name for w in agent.workers}
+    me = agent.info.name
+    if me not in names:
+        raise ValueError(f"worker {me} is not among the workers of the all-gather: {sorted(names)}")
+    leader = min(names)
+    if timeout == constants.UNSET_RPC_TIMEOUT:
+        timeout = agent.rpc_timeout
+    with _all_gather_lock:
+        key = ",".join(sorted(names))
+        round_id = f"{key}#{_all_gather_rounds.get(key, 0)}"
+        _all_gather_rounds[key] = _all_gather_rounds.get(key, 0) + 1
+    if me == leader:
+        _gather_to_leader(round_id, me, obj, names)
+    else:
+        rpc_sync(leader, _gather_to_leader, args=(round_id, me, obj, names), timeout=timeout)
+    with _all_gather_lock:
+        states = _states(round_id)
+    if not states.proceed_signal.wait(timeout if timeout > 0 else None):
+        with _all_gather_lock:
+            _all_gather_states.pop(round_id, None)
+        raise RuntimeError(f"all-gather round {round_id} timed out after {timeout}s on worker {me}")
+    if me == leader:
+        futures = [
+            rpc_async(name, _broadcast_to_followers, args=(round_id, states.gathered_objects), timeout=timeout)
+            for name in sorted(names - {leader})
+        ]
+        errors = []
+        for name, fut in zip(sorted(names - {leader}), futures):
+            try:
+                fut.wait()
+            except Exception as exc:
+                errors.append(f"{name}: {exc}")
+        if errors:
+            raise RuntimeError(f"all-gather round {round_id} could not reach every follower: {errors}")
+    with _all_gather_lock:
+        _all_gather_states.pop(round_id, None)
+    return states.gathered_objects
+
+
+def _barrier(worker_names: Set[str]) -> None:
+    """Wait until every worker of ``worker_names`` has reached this barrier."""
+    _all_gather(None, set(worker_names))
+
+
+def _owned_rref_count() -> Tuple[int, int]:
+    """RRefs this worker owns: values kept by Python, entries counted by Go (for tests)."""
+    agent = require_agent()
+    return len(agent.owner_table), agent.native.OwnedRRefs()

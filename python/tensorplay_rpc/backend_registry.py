@@ -1,20 +1,107 @@
-"""The RPC backends init_rpc can use."""
+"""The RPC backends init_rpc can use, and registering new ones."""
 
 from __future__ import annotations
 
 import collections
 import enum
+from typing import Any, Callable
+
+from . import constants
 
 BackendValue = collections.namedtuple(
     "BackendValue", ["construct_rpc_backend_options_handler", "init_backend_handler"]
 )
-BackendValue.__doc__ = "The two handlers of a backend: one builds its options, one starts it."
+BackendValue.__doc__ = "A backend's two handlers: one builds its options, one starts its agent."
+
+
+def _tensorpipe_construct_rpc_backend_options_handler(
+    rpc_timeout: float,
+    init_method: str,
+    num_worker_threads: int = constants.DEFAULT_NUM_WORKER_THREADS,
+    _transports=None,
+    _channels=None,
+    **kwargs: Any,
+):
+    from .options import TensorPipeRpcBackendOptions
+
+    return TensorPipeRpcBackendOptions(
+        rpc_timeout=rpc_timeout,
+        init_method=init_method,
+        num_worker_threads=num_worker_threads,
+        _transports=_transports,
+        _channels=_channels,
+    )
+
+
+def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: int, rpc_backend_options):
+    """Start the Go agent: ``store`` is the rendezvous URL (``tcp://host:port`` or
+    ``file:///path``). Returns the agent, not yet serving."""
+    from ._agent import PythonAgent
+    from ._native import pybind as _native
+    from .options import TensorPipeRpcBackendOptions
+
+    if not isinstance(rpc_backend_options, TensorPipeRpcBackendOptions):
+        raise TypeError(
+            f"TENSORPIPE backend needs TensorPipeRpcBackendOptions, got {type(rpc_backend_options).__name__}"
+        )
+    rpc_backend_options._check_devices()
+    timeout = rpc_backend_options.rpc_timeout
+    init_timeout = timeout if timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
+    native = _native.Start(name, rank, world_size, store, int(init_timeout * 1000))
+    return PythonAgent(native, rpc_backend_options.num_worker_threads, timeout)
 
 
 class BackendType(enum.Enum):
-    """The registered RPC backends. TENSORPIPE is the built-in one."""
+    """The registered RPC backends; TENSORPIPE is built in. :func:`register_backend` adds
+    members to this same class."""
 
-    TENSORPIPE = "TENSORPIPE"
+    TENSORPIPE = BackendValue(_tensorpipe_construct_rpc_backend_options_handler, _tensorpipe_init_backend_handler)
 
     def __repr__(self) -> str:
         return f"BackendType.{self.name}"
+
+
+def backend_registered(backend_name: str) -> bool:
+    """Whether a backend of that name is registered."""
+    return backend_name in BackendType.__members__
+
+
+def register_backend(
+    backend_name: str,
+    construct_rpc_backend_options_handler: Callable[..., Any],
+    init_backend_handler: Callable[..., Any],
+) -> BackendType:
+    """Register a backend and return its new :class:`BackendType` member.
+
+    ``construct_rpc_backend_options_handler(rpc_timeout, init_method, **kwargs)`` builds its
+    options; ``init_backend_handler(store, name, rank, world_size, rpc_backend_options)``
+    starts it and returns its agent.
+    """
+    if backend_registered(backend_name):
+        raise RuntimeError(f"RPC backend {backend_name}: already registered")
+    value = BackendValue(construct_rpc_backend_options_handler, init_backend_handler)
+    # Extend the class in place, so every existing reference to BackendType sees the member.
+    member = object.__new__(BackendType)
+    member._name_ = backend_name
+    member._value_ = value
+    member.__objclass__ = BackendType
+    BackendType._member_names_.append(backend_name)
+    BackendType._member_map_[backend_name] = member
+    BackendType._value2member_map_[value] = member
+    type.__setattr__(BackendType, backend_name, member)
+    return member
+
+
+def construct_rpc_backend_options(
+    backend: BackendType,
+    rpc_timeout: float = constants.DEFAULT_RPC_TIMEOUT_SEC,
+    init_method: str = constants.DEFAULT_INIT_METHOD,
+    **kwargs: Any,
+):
+    """Build the default options object of ``backend``."""
+    return backend.value.construct_rpc_backend_options_handler(rpc_timeout, init_method, **kwargs)
+
+
+def init_backend(backend: BackendType, *args: Any, **kwargs: Any):
+    """Start ``backend``'s agent with its init handler and return it."""
+    return backend.value.init_backend_handler(*args, **kwargs)

@@ -8,6 +8,7 @@ by reference; lambdas, closures and functions defined in ``__main__`` go by valu
 from __future__ import annotations
 
 import pickle
+import threading
 import traceback
 from typing import Any, List, Optional, Tuple
 
@@ -16,11 +17,37 @@ import cloudpickle
 PROTOCOL = 5
 
 
-def serialize(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
-    """Pickle ``obj``, returning the pickle and its out-of-band buffers."""
+class SendContext:
+    """What pickling a message for one destination collects besides bytes: the RRef forks it
+    creates, which must be registered with their owners before the message is sent."""
+
+    __slots__ = ("dest_id", "forks")
+
+    def __init__(self, dest_id: int) -> None:
+        self.dest_id = dest_id
+        # (owner id, rref id, fork id) per fork, ids as (creator, local) pairs
+        self.forks: List[Tuple[int, Tuple[int, int], Tuple[int, int]]] = []
+
+
+_sending = threading.local()
+
+
+def current_send_context() -> Optional[SendContext]:
+    """The context of the message being pickled on this thread, if any."""
+    return getattr(_sending, "context", None)
+
+
+def serialize(obj: Any, dest_id: int) -> Tuple[bytes, List[pickle.PickleBuffer], SendContext]:
+    """Pickle ``obj`` for worker ``dest_id``: the pickle, its out-of-band buffers, and the
+    context holding the RRef forks it made."""
     buffers: List[pickle.PickleBuffer] = []
-    data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
-    return data, buffers
+    context = SendContext(dest_id)
+    _sending.context = context
+    try:
+        data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+    finally:
+        _sending.context = None
+    return data, buffers, context
 
 
 def raw_buffers(buffers: List[pickle.PickleBuffer]) -> List[memoryview]:
@@ -31,6 +58,16 @@ def raw_buffers(buffers: List[pickle.PickleBuffer]) -> List[memoryview]:
 def deserialize(payload, buffers) -> Any:
     """Unpickle what :func:`serialize` made, given the received payload and buffers."""
     return pickle.loads(payload, buffers=buffers)
+
+
+class Deferred:
+    """What a request handler returns to reply later: the reply is the outcome of ``future``
+    (a :class:`~tensorplay_rpc.Future`), sent when it completes."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future) -> None:
+        self.future = future
 
 
 class RemoteException:

@@ -9,6 +9,24 @@ from . import constants
 DeviceType = Union[int, str]
 
 
+def _device(device: DeviceType) -> str:
+    """A device in its canonical text form: "cpu" or "<type>:<index>" (an int is a CUDA
+    index, as in torch)."""
+    if isinstance(device, bool):
+        raise ValueError(f"invalid device {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"invalid device index {device}")
+        return f"cuda:{device}"
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if not kind.isidentifier() or (index and not index.isdigit()):
+        raise ValueError(f"invalid device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or an index")
+    if kind == "cpu":
+        return "cpu"
+    return f"{kind}:{index or 0}"
+
+
 class RpcBackendOptions:
     """Options every backend has: the default RPC timeout and the rendezvous URL."""
 
@@ -50,10 +68,42 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         if int(num_worker_threads) < 1:
             raise ValueError(f"num_worker_threads must be at least 1, got {num_worker_threads}")
         self.num_worker_threads = int(num_worker_threads)
-        self.device_maps: Dict[str, Dict[DeviceType, DeviceType]] = dict(device_maps or {})
-        self.devices: List[DeviceType] = list(devices or [])
+        self.device_maps: Dict[str, Dict[str, str]] = {}
+        for to, device_map in (device_maps or {}).items():
+            self.set_device_map(to, device_map)
+        self.devices: List[str] = []
+        self.set_devices(list(devices or []))
         self._transports = _transports
         self._channels = _channels
+
+    def set_device_map(self, to: str, device_map: Dict[DeviceType, DeviceType]) -> None:
+        """Set how this worker's devices map to worker ``to``'s devices for tensors sent
+        there. The map must be one-to-one, and must agree with entries set before."""
+        if not isinstance(to, str):
+            raise TypeError(f"set_device_map: `to` must be a worker name, got {type(to).__name__}")
+        full = {_device(k): _device(v) for k, v in device_map.items()}
+        if len(set(full.values())) != len(full):
+            raise ValueError(f"Device maps must be one-to-one, got {device_map} for {to}")
+        current = self.device_maps.get(to, {})
+        for k, v in full.items():
+            if k in current and current[k] != v:
+                raise ValueError(
+                    f"`set_device_map` only supports 1-to-1 mapping, trying to map {k} to {v} and {current[k]}"
+                )
+        self.device_maps[to] = {**current, **full}
+
+    def set_devices(self, devices: List[DeviceType]) -> None:
+        """Set the local devices this worker's RPC agent may use."""
+        self.devices = [_device(d) for d in devices]
+
+    def _check_devices(self) -> None:
+        """This build moves no accelerator memory: refuse to start with any device but the
+        CPU, rather than silently send tensors elsewhere."""
+        bad = [d for d in self.devices if d != "cpu"]
+        for to, mapping in self.device_maps.items():
+            bad += [f"{to}: {k}->{v}" for k, v in mapping.items() if k != "cpu" or v != "cpu"]
+        if bad:
+            raise ValueError(f"tensorplay_rpc was built without accelerator support; these devices cannot be used: {bad}")
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,205 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// RRefID names a value kept on its owner for remote references: the worker that created the
+// id and a number unique on that worker.
+type RRefID struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Creator  int
+	Local    int64
+}
+
+// ForkID names one reference to an RRef, held by one worker; ids are unique like RRefIDs.
+type ForkID = RRefID
+
+// RefOpKind says what a RefOp does to the owner's table.
+type RefOpKind uint8
+
+// Reference operations.
+const (
+	// RefAdd registers a fork: a worker holds, or is about to receive, a reference.
+	RefAdd RefOpKind = iota + 1
+	// RefRelease says the fork's holder dropped it.
+	RefRelease
+)
+
+// RefOp is one reference-count change, sent to the RRef's owner.
+type RefOp struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Kind     RefOpKind
+	RRef     RRefID
+	Fork     ForkID
+	// Holder is the worker that holds (or will hold) the fork.
+	Holder int
+}
+
+// The protocol keeps one invariant: a fork's RefAdd reaches the owner before its parent's
+// RefRelease does. A worker sends the RefAdd of every fork it hands out (including the first
+// one, for remote()) on its own stream to the owner, before the message that carries the
+// fork, and it can only release its own fork later, on the same ordered stream. A RefRelease
+// may still overtake the RefAdd of the same fork (the receiver drops it at once, on its own
+// stream); the owner then keeps it as a tombstone until the RefAdd comes. So a value whose
+// table entry has no live forks and no tombstones is referenced nowhere and can be dropped.
+
+// refTable is the owner's side: the live forks of every RRef it owns.
+type refTable struct {
+	mu      sync.Mutex
+	entries map[RRefID]*refEntry
+}
+
+type refEntry struct {
+	forks      map[ForkID]int // fork → holder
+	tombstones map[ForkID]struct{}
+}
+
+func newRefTable() *refTable { return &refTable{entries: map[RRefID]*refEntry{}} }
+
+// apply performs op and reports whether the RRef is now referenced nowhere.
+func (t *refTable) apply(op RefOp) (dropped bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[op.RRef]
+	if e == nil {
+		e = &refEntry{forks: map[ForkID]int{}, tombstones: map[ForkID]struct{}{}}
+		t.entries[op.RRef] = e
+	}
+	switch op.Kind {
+	case RefAdd:
+		if _, early := e.tombstones[op.Fork]; early {
+			delete(e.tombstones, op.Fork)
+		} else {
+			e.forks[op.Fork] = op.Holder
+		}
+	case RefRelease:
+		if _, ok := e.forks[op.Fork]; ok {
+			delete(e.forks, op.Fork)
+		} else {
+			e.tombstones[op.Fork] = struct{}{}
+		}
+	}
+	if len(e.forks) == 0 && len(e.tombstones) == 0 {
+		delete(t.entries, op.RRef)
+		return true
+	}
+	return false
+}
+
+// releaseHolder drops every fork held by worker, as when it is gone, and returns the RRefs
+// that are now referenced nowhere.
+func (t *refTable) releaseHolder(worker int) []RRefID {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var dropped []RRefID
+	for id, e := range t.entries {
+		for fork, holder := range e.forks {
+			if holder == worker {
+				delete(e.forks, fork)
+			}
+		}
+		if len(e.forks) == 0 && len(e.tombstones) == 0 {
+			delete(t.entries, id)
+			dropped = append(dropped, id)
+		}
+	}
+	return dropped
+}
+
+func (t *refTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries)
+}
+
+// NewRRefID returns an id no other RRef or fork of the world has.
+func (a *Agent) NewRRefID() RRefID {
+	return RRefID{Creator: a.self.ID, Local: a.nextLocalID.Add(1)}
+}
+
+// AddFork registers fork of rref, held by holder, with the RRef's owner. Call it before
+// sending the message that carries the fork: the owner gets the registration first, in order
+// with anything else this worker sends it.
+func (a *Agent) AddFork(ctx context.Context, owner int, rref RRefID, fork ForkID, holder int) error {
+	op := RefOp{Kind: RefAdd, RRef: rref, Fork: fork, Holder: holder}
+	if owner == a.self.ID {
+		a.applyRefOps([]RefOp{op})
+		return nil
+	}
+	if owner < 0 || owner >= len(a.peers) {
+		return fmt.Errorf("%w: RRef owner id %d", ErrUnknownWorker, owner)
+	}
+	if a.state.Load() == stateClosed {
+		return fmt.Errorf("%w: cannot register an RRef fork with worker %q", ErrShutdown, a.workers[owner].Name)
+	}
+	c, err := a.peers[owner].connect(ctx)
+	if err != nil {
+		return err
+	}
+	return c.sendOneWay(&Frame{Kind: FrameRefs, Refs: []RefOp{op}})
+}
+
+// ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: releases
+// are batched and sent by a goroutine, still after any AddFork made before.
+func (a *Agent) ReleaseFork(owner int, rref RRefID, fork ForkID) {
+	op := RefOp{Kind: RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID}
+	if owner == a.self.ID {
+		a.applyRefOps([]RefOp{op})
+		return
+	}
+	a.releaseMu.Lock()
+	if a.releases == nil {
+		a.releases = map[int][]RefOp{}
+	}
+	a.releases[owner] = append(a.releases[owner], op)
+	a.releaseMu.Unlock()
+	select {
+	case a.releaseKick <- struct{}{}:
+	default:
+	}
+}
+
+// OwnedRRefs is the number of RRefs this worker owns that are still referenced somewhere.
+func (a *Agent) OwnedRRefs() int { return a.refs.len() }
+
+// applyRefOps applies reference operations addressed to this worker as owner.
+func (a *Agent) applyRefOps(ops []RefOp) {
+	for _, op := range ops {
+		if a.refs.apply(op) && a.onRRefDropped != nil {
+			a.onRRefDropped(op.RRef)
+		}
+	}
+}
+
+// sendReleases sends queued releases until the agent closes.
+func (a *Agent) sendReleases() {
+	for {
+		select {
+		case <-a.releaseKick:
+		case <-a.serveCtx.Done():
+			return
+		}
+		a.flushReleases(a.serveCtx)
+	}
+}
+
+// flushReleases sends every queued release, one frame per owner. Releases to owners that
+// cannot be reached are dropped: those owners are gone, and so are their values.
+func (a *Agent) flushReleases(ctx context.Context) {
+	a.releaseMu.Lock()
+	batch := a.releases
+	a.releases = nil
+	a.releaseMu.Unlock()
+	for owner, ops := range batch {
+		c, err := a.peers[owner].connect(ctx)
+		if err == nil {
+			err = c.sendOneWay(&Frame{Kind: FrameRefs, Refs: ops})
+		}
+		if err != nil {
+			a.log.Debug("tensorplay-rpc: RRef releases not delivered", "owner", a.workers[owner].Name, "count", len(ops), "err", err)
+		}
+	}
+}

@@ -1,0 +1,49 @@
+package core
+
+import (
+	"testing"
+)
+
+func TestRefTableOrders(t *testing.T) {
+	r := RRefID{Creator: 1, Local: 7}
+	f := func(n int64) ForkID { return ForkID{Creator: 1, Local: n} }
+	add := func(n int64, holder int) RefOp { return RefOp{Kind: RefAdd, RRef: r, Fork: f(n), Holder: holder} }
+	rel := func(n int64) RefOp { return RefOp{Kind: RefRelease, RRef: r, Fork: f(n)} }
+	tests := []struct {
+		name string
+		ops  []RefOp
+		// droppedAt is the index of the op after which the RRef is referenced nowhere; -1: never.
+		droppedAt int
+	}{
+		{name: "create then release", ops: []RefOp{add(1, 1), rel(1)}, droppedAt: 1},
+		{name: "fork outlives its parent", ops: []RefOp{add(1, 1), add(2, 2), rel(1), rel(2)}, droppedAt: 3},
+		{name: "release overtakes its add", ops: []RefOp{add(1, 1), rel(2), rel(1), add(2, 2)}, droppedAt: 3},
+		{name: "release before any add", ops: []RefOp{rel(2), add(1, 1), add(2, 2), rel(1)}, droppedAt: 3},
+		{name: "still held", ops: []RefOp{add(1, 1), add(2, 2), rel(2)}, droppedAt: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			table := newRefTable()
+			for i, op := range tt.ops {
+				if got, want := table.apply(op), i == tt.droppedAt; got != want {
+					t.Fatalf("after op %d: dropped = %v, want %v", i, got, want)
+				}
+			}
+			if want := map[bool]int{true: 0, false: 1}[tt.droppedAt >= 0]; table.len() != want {
+				t.Fatalf("table holds %d entries, want %d", table.len(), want)
+			}
+		})
+	}
+}
+
+func TestRefTableReleaseHolder(t *testing.T) {
+	table := newRefTable()
+	a, b := RRefID{Creator: 0, Local: 1}, RRefID{Creator: 0, Local: 2}
+	table.apply(RefOp{Kind: RefAdd, RRef: a, Fork: ForkID{Creator: 0, Local: 3}, Holder: 2})
+	table.apply(RefOp{Kind: RefAdd, RRef: b, Fork: ForkID{Creator: 0, Local: 4}, Holder: 2})
+	table.apply(RefOp{Kind: RefAdd, RRef: b, Fork: ForkID{Creator: 0, Local: 5}, Holder: 1})
+	dropped := table.releaseHolder(2)
+	if len(dropped) != 1 || dropped[0] != a || table.len() != 1 {
+		t.Fatalf("dropped %v, %d left; want only %v dropped", dropped, table.len(), a)
+	}
+}

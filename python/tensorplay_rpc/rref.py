@@ -1,0 +1,224 @@
+"""RRef: a reference to a value kept on its owner worker.
+
+Every RRef object, on its owner or elsewhere, holds one *fork* registered with the owner; the
+owner keeps the value while any fork is alive anywhere, including forks still in flight inside
+messages, and drops it after the last is released. The Go agent keeps the counts and the
+protocol (see core/rref.go); this module keeps the values and the Python objects.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Dict, Generic, Optional, Set, Tuple, TypeVar
+
+from . import constants
+from ._agent import current_agent, require_agent
+from .futures import Future
+from .internal import current_send_context
+from .worker_info import WorkerInfo
+
+T = TypeVar("T")
+Id = Tuple[int, int]  # (creator worker id, local number)
+
+
+class OwnerTable:
+    """The values this worker owns, by RRef id, each as a future of its creation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: Dict[Id, Future] = {}
+        # Dropped before their creation ran (the creator let go at once): not to be kept.
+        self._dropped: Set[Id] = set()
+
+    def slot(self, rref_id: Id) -> Future:
+        """The value's future, made pending if its creation has not started yet."""
+        with self._lock:
+            fut = self._slots.get(rref_id)
+            if fut is None:
+                fut = self._slots[rref_id] = Future()
+            return fut
+
+    def creation_slot(self, rref_id: Id) -> Future:
+        """The future a creation completes; a throwaway one if the RRef was already dropped."""
+        with self._lock:
+            if rref_id in self._dropped:
+                self._dropped.discard(rref_id)
+                return Future()
+            fut = self._slots.get(rref_id)
+            if fut is None:
+                fut = self._slots[rref_id] = Future()
+            return fut
+
+    def drop(self, rref_id: Id) -> None:
+        """Forget a value no one references any more."""
+        with self._lock:
+            if self._slots.pop(rref_id, None) is None:
+                self._dropped.add(rref_id)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._slots)
+
+
+class PyRRef:
+    """The implementation of :class:`RRef`; its public methods are installed on RRef with
+    :func:`method_factory`, as torch does."""
+
+    __slots__ = ("_agent", "_owner_id", "_rref_id", "_fork_id", "_slot", "_creation", "__weakref__")
+
+    def __init__(self, value: Any, type_hint: Any = None) -> None:
+        """Make a local RRef, owned by this worker, to ``value``."""
+        agent = require_agent()
+        me = agent.info.id
+        rref_id = (me, agent.native.NewLocalID())
+        fork_id = (me, agent.native.NewLocalID())
+        slot = agent.owner_table.slot(rref_id)
+        slot.set_result(value)
+        agent.add_fork(me, rref_id, fork_id, holder=me)
+        self._bind(agent, me, rref_id, fork_id, slot, None)
+
+    def _bind(self, agent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
+        self._agent = agent
+        self._owner_id = owner_id
+        self._rref_id = rref_id
+        self._fork_id = fork_id
+        self._slot = slot
+        self._creation = creation
+
+    def __del__(self) -> None:
+        agent = getattr(self, "_agent", None)
+        if agent is not None and agent.running:
+            agent.native.ReleaseFork(self._owner_id, *self._rref_id, *self._fork_id)
+
+    def is_owner(self) -> bool:
+        """Whether this worker owns the value."""
+        return self._owner_id == self._agent.info.id
+
+    def owner(self) -> WorkerInfo:
+        """The owner's :class:`WorkerInfo`."""
+        return self._agent.workers[self._owner_id]
+
+    def owner_name(self) -> str:
+        """The owner's name."""
+        return self.owner().name
+
+    def confirmed_by_owner(self) -> bool:
+        """Whether the owner has confirmed this reference: always on the owner, and on a user
+        once the owner has answered the ``remote()`` call that made it."""
+        return self._creation is None or self._creation.done()
+
+    def local_value(self) -> Any:
+        """The value itself; only on the owner. Raises the error its creation raised."""
+        if not self.is_owner():
+            raise RuntimeError(
+                f"Cannot call localValue() on a non-local reference. Call it on {self.owner()}"
+            )
+        return self._slot.wait()
+
+    def to_here(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> Any:
+        """Copy the value from the owner and return it (on the owner, the value itself).
+        Raises the error its creation raised."""
+        if self.is_owner():
+            return self.local_value()
+        from ._agent import FETCH
+
+        fetch = self._agent.call(self.owner(), (FETCH, self._rref_id), timeout, notify=False)
+        if self._creation is not None:
+            # The owner answers both once the value exists; a failed creation (its error, a
+            # timeout, a lost owner) is raised here even if the fetch would wait on.
+            self._creation.wait()
+        return fetch.wait()
+
+    def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
+        """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:
+        ``rref.rpc_sync().method(*args)``."""
+        from .rref_proxy import RRefProxy
+
+        return RRefProxy(self, "rpc_sync", timeout)
+
+    def rpc_async(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
+        """Like :meth:`rpc_sync`, but each method call returns a Future."""
+        from .rref_proxy import RRefProxy
+
+        return RRefProxy(self, "rpc_async", timeout)
+
+    def remote(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
+        """Like :meth:`rpc_sync`, but each method call returns an RRef to its result, kept on
+        the owner."""
+        from .rref_proxy import RRefProxy
+
+        return RRefProxy(self, "remote", timeout)
+
+    def _get_future(self) -> Future:
+        """The future of this RRef's creation by ``remote()`` (complete for other RRefs)."""
+        if self._creation is not None:
+            return self._creation
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    def __reduce__(self):
+        context = current_send_context()
+        if context is None:
+            raise RuntimeError("RRef can only be pickled while it is being sent by an RPC call")
+        fork_id = (self._agent.info.id, self._agent.native.NewLocalID())
+        context.forks.append((self._owner_id, self._rref_id, fork_id))
+        return (_rebuild_rref, (self._owner_id, self._rref_id, fork_id))
+
+    def __repr__(self) -> str:
+        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
+        (c, l), (fc, fl) = self._rref_id, self._fork_id
+        return (
+            f"{kind}(RRefId = GloballyUniqueId(created_on={c}, local_id={l}), "
+            f"ForkId = GloballyUniqueId(created_on={fc}, local_id={fl}))"
+        )
+
+    __str__ = __repr__
+
+
+class RRef(PyRRef, Generic[T]):
+    """A remote reference to a value of type ``T`` kept on its owner worker.
+
+    ``RRef(value)`` makes one owned by this worker; :func:`~tensorplay_rpc.remote` makes one
+    owned by another. An RRef can be passed in RPC arguments and results, also inside
+    containers; it arrives as an RRef to the same value.
+    """
+
+    __slots__ = ()
+
+
+def method_factory(method_name: str, docstring: Optional[str]):
+    """Return a method that forwards ``obj.<method_name>(...)`` to the implementation in
+    :class:`PyRRef`, with ``docstring`` as its documentation."""
+
+    def method(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(super(RRef, self), method_name)(*args, **kwargs)
+
+    method.__name__ = method_name
+    method.__qualname__ = f"RRef.{method_name}"
+    method.__doc__ = docstring
+    return method
+
+
+for _name, _impl in inspect.getmembers(PyRRef, inspect.isfunction):
+    if _name.startswith("_") and _name != "__str__":
+        continue
+    new_method = method_factory(_name, _impl.__doc__)
+    setattr(RRef, _name, new_method)
+
+
+def _make_rref(agent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:
+    """An RRef object holding ``fork_id``, already registered with the owner."""
+    rref = RRef.__new__(RRef)
+    slot = agent.owner_table.slot(rref_id) if owner_id == agent.info.id else None
+    rref._bind(agent, owner_id, rref_id, fork_id, slot, creation)
+    return rref
+
+
+def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id) -> RRef:
+    """Unpickle an RRef: on its owner, the owner's RRef again; elsewhere, a user RRef."""
+    agent = current_agent()
+    if agent is None:
+        raise RuntimeError("an RRef can only be unpickled on an initialized RPC worker")
+    return _make_rref(agent, owner_id, tuple(rref_id), tuple(fork_id))

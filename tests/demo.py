@@ -13,7 +13,8 @@ import time
 
 import tensorplay_rpc as rpc
 
-WORLD_SIZE = 2
+WORLD_SIZE = 3
+NAMES = ["master", "trainer", "ps"]
 TIME_LIMIT_S = 60
 
 
@@ -29,10 +30,30 @@ def divide(a, b):
     return a / b
 
 
+class Counter:
+    """A parameter-server style object: it lives on "ps", the others update it remotely."""
+
+    def __init__(self):
+        self.total = 0
+        self.updates = []
+
+    def add(self, worker, amount):
+        self.total += amount
+        self.updates.append(worker)
+        return self.total
+
+
+def train_a_little(counter, steps):
+    """Runs on "trainer": update the counter it was handed, through its RRef."""
+    for _ in range(steps):
+        counter.rpc_sync().add("trainer", 2)
+    return counter.rpc_sync().add("trainer", 0)
+
+
 def worker(rank: int) -> None:
     """The seed's example, then a few more calls."""
     # run on both workers, each with its own name:
-    rpc.init_rpc("trainer" if rank == 1 else "master", rank=rank, world_size=WORLD_SIZE)
+    rpc.init_rpc(NAMES[rank], rank=rank, world_size=WORLD_SIZE)
     if rank == 0:
         me = rpc.get_worker_info()
         trainer = rpc.get_worker_info("trainer")
@@ -56,6 +77,16 @@ def worker(rank: int) -> None:
         print(f"rpc_async(...).then(double) -> {doubled.wait()}")
 
         print(f"a lambda, sent by value -> {rpc.rpc_sync('trainer', lambda x: x ** 2, args=(12,))}")
+
+        counter = rpc.remote("ps", Counter)
+        print(f"rpc.remote('ps', Counter) -> {counter}")
+        trainer_done = rpc.rpc_async("trainer", train_a_little, args=(counter, 5))
+        for _ in range(5):
+            counter.rpc_sync().add("master", 1)
+        print(f"trainer saw a total of {trainer_done.wait()} after its updates")
+        final = counter.to_here()
+        print(f"counter on ps: total={final.total} from {final.updates.count('master')} master and "
+              f"{final.updates.count('trainer') - 1} trainer updates")
 
         start = time.perf_counter()
         n = 1000

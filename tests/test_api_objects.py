@@ -88,3 +88,67 @@ def test_options_defaults_match_torch():
 def test_backend_type():
     assert rpc.BackendType.TENSORPIPE in list(rpc.BackendType)
     assert repr(rpc.BackendType.TENSORPIPE) == "BackendType.TENSORPIPE"
+
+
+SEED_NAMES = (
+    "init_rpc shutdown get_worker_info get_rpc_timeout is_available rpc_sync rpc_async remote RRef Future "
+    "AllGatherStates method_factory new_method BackendType BackendValue TensorPipeRpcBackendOptions "
+    "register_backend backend_registered init_backend construct_rpc_backend_options"
+).split()
+
+
+def test_every_name_of_the_seed_page_is_exported():
+    missing = [name for name in SEED_NAMES if name not in dir(rpc)]
+    assert not missing
+    assert callable(rpc.functions.async_execution)
+
+
+def test_method_factory_forwards_and_documents():
+    assert rpc.RRef.to_here.__doc__ and "owner" in rpc.RRef.to_here.__doc__
+    assert callable(rpc.new_method)
+
+    forwarded = rpc.method_factory("owner_name", "The owner's name, documented.")
+    assert forwarded.__doc__ == "The owner's name, documented."
+    assert forwarded.__name__ == "owner_name"
+
+    class FakeRRef(rpc.RRef):
+        """An RRef whose implementation is faked, to see what the factory's method calls."""
+
+        def __init__(self):
+            pass
+
+    FakeRRef.name_of_owner = forwarded
+    called = []
+    from tensorplay_rpc.rref import PyRRef
+
+    original = PyRRef.owner_name
+    PyRRef.owner_name = lambda self: called.append(self) or "w7"
+    try:
+        fake = FakeRRef()
+        assert fake.name_of_owner() == "w7" and called == [fake]
+    finally:
+        PyRRef.owner_name = original
+
+
+def test_device_maps_are_validated_and_stored():
+    opts = rpc.TensorPipeRpcBackendOptions(device_maps={"w1": {"cpu": "cpu"}}, devices=["cpu"])
+    opts.set_device_map("w2", {0: 1, "cuda:1": "cuda:0"})
+    assert opts.device_maps == {"w1": {"cpu": "cpu"}, "w2": {"cuda:0": "cuda:1", "cuda:1": "cuda:0"}}
+    opts.set_device_map("w2", {0: 1})  # the same entry again is fine
+    with pytest.raises(ValueError, match="only supports 1-to-1 mapping"):
+        opts.set_device_map("w2", {0: 2})
+    with pytest.raises(ValueError, match="one-to-one"):
+        opts.set_device_map("w3", {0: 1, 2: 1})
+    with pytest.raises(ValueError, match="invalid device"):
+        opts.set_device_map("w3", {"not a device!": "cpu"})
+    opts.set_devices(["cpu", 0])
+    assert opts.devices == ["cpu", "cuda:0"]
+    with pytest.raises(ValueError, match="without accelerator support.*cuda:0"):
+        opts._check_devices()
+
+
+def test_rref_needs_an_initialized_worker():
+    with pytest.raises(RuntimeError, match="RPC has not been initialized"):
+        rpc.RRef(1)
+    with pytest.raises(RuntimeError, match="RPC has not been initialized"):
+        rpc.remote("w", max, args=(1, 2))

@@ -20,3 +20,5 @@ def test_demo_prints_the_results():
     assert "rpc_async x5 -> [0, 2, 4, 6, 8]" in out
     assert "then(double) -> 42" in out
     assert "sent by value -> 144" in out
+    assert "rpc.remote('ps', Counter) -> UserRRef" in out
+    assert "counter on ps: total=15 from 5 master and 5 trainer updates" in out

@@ -16,8 +16,12 @@ import (
 // calleeDeadlineGrace is how much longer than the caller a callee lets a handler run.
 const calleeDeadlineGrace = 50 * time.Millisecond
 
-// DefaultInitTimeout bounds rendezvous when Config.InitTimeout is zero.
-const DefaultInitTimeout = 60 * time.Second
+// Defaults for zero Config fields.
+const (
+	DefaultInitTimeout    = 60 * time.Second
+	DefaultMaxMessageSize = 4 << 30
+	DefaultChunkSize      = 1 << 20
+)
 
 // Config describes one worker of a world.
 type Config struct {
@@ -43,6 +47,12 @@ type Config struct {
 	Store Store
 	// Logger receives warnings; nil means slog.Default().
 	Logger *slog.Logger
+	// MaxMessageSize bounds the payload plus buffers of one message, sent or received; 0 means
+	// DefaultMaxMessageSize.
+	MaxMessageSize int64
+	// ChunkSize is the most a frame carries: bigger messages travel in chunks of this size,
+	// interleaved with other traffic; 0 means DefaultChunkSize.
+	ChunkSize int
 	// OnRRefDropped is called when an RRef this worker owns is referenced nowhere any more,
 	// so its value can be dropped. It must not block.
 	OnRRefDropped func(RRefID)
@@ -66,6 +76,9 @@ type Agent struct {
 	storeServer *StoreServer
 	leaveStore  func() error // set for stores that need to hear a worker leave
 	log         *slog.Logger
+
+	maxMessageSize int64
+	chunkSize      int
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -109,6 +122,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		log:       cfg.Logger,
 		handlers:  map[string]Handler{},
 		ready:     make(chan struct{}),
+
+		maxMessageSize: cmp.Or(cfg.MaxMessageSize, DefaultMaxMessageSize),
+		chunkSize:      cmp.Or(cfg.ChunkSize, DefaultChunkSize),
 
 		refs:          newRefTable(),
 		onRRefDropped: cfg.OnRRefDropped,
@@ -263,9 +279,13 @@ func (a *Agent) callID(ctx context.Context, to int, method string, req Message, 
 		f.complete(Message{}, a.contextError(ctx, a.workers[to].Name))
 		return f
 	}
+	if size := int64(req.Size()); size > a.maxMessageSize {
+		f.complete(Message{}, fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, a.workers[to].Name, size, a.maxMessageSize))
+		return f
+	}
 	a.outstanding.Add(1)
 	id := a.nextID.Add(1)
-	frame := &Frame{Kind: FrameRequest, ID: id, Method: method, Payload: req.Payload, Buffers: req.Buffers}
+	frame := &Frame{Kind: FrameRequest, ID: id, Method: method}
 	if dl, ok := ctx.Deadline(); ok {
 		frame.TimeoutMs = max(1, time.Until(dl).Milliseconds())
 	}
@@ -286,12 +306,14 @@ func (a *Agent) callID(ctx context.Context, to int, method string, req Message, 
 			c.take(id)
 		}
 		f.complete(Message{}, a.contextError(ctx, name))
+		f.abortSend()
 	})
 	stopWatch.Store(&stop)
 	if to == a.self.ID {
-		a.dispatch(a.serveCtx, a.self, frame, func(resp *Frame) {
-			msg, err := responseResult(resp, name)
+		a.dispatch(a.serveCtx, a.self, frame, req, func(resp *Frame, msg Message) <-chan struct{} {
+			msg, err := responseResult(resp, msg, name)
 			f.complete(msg, err)
+			return closedChan
 		})
 		return f
 	}
@@ -304,7 +326,7 @@ func (a *Agent) callID(ctx context.Context, to int, method string, req Message, 
 		return f
 	}
 	conn.Store(c)
-	if err := c.send(id, f, frame); err != nil {
+	if err := c.send(id, f, frame, req); err != nil {
 		f.complete(Message{}, err)
 	}
 	select {
@@ -341,22 +363,34 @@ func (a *Agent) serveStream(s Stream) {
 	caller := a.workers[hello.CallerID]
 	ctx, cancel := context.WithCancel(a.serveCtx)
 	defer cancel()
-	var sendMu sync.Mutex
-	reply := func(fr *Frame) {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if err := s.Send(fr); err != nil {
+	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
+	defer writer.close(ErrShutdown)
+	reply := func(fr *Frame, msg Message) <-chan struct{} {
+		out, err := writer.send(fr, msg)
+		if err != nil {
 			a.log.Debug("tensorplay-rpc: reply not sent", "to", caller.Name, "err", err)
+			return closedChan
 		}
+		return out.sent
 	}
+	incoming := newReassembler(a.maxMessageSize)
+	defer incoming.close()
 	for {
 		fr, err := s.Recv()
 		if err != nil {
 			return
 		}
+		fr, msg, err := incoming.add(fr)
+		if err != nil {
+			a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)
+			return
+		}
+		if fr == nil {
+			continue
+		}
 		switch fr.Kind {
 		case FrameRequest:
-			a.dispatch(ctx, caller, fr, reply)
+			a.dispatch(ctx, caller, fr, msg, reply)
 		case FrameRefs:
 			a.applyRefOps(fr.Refs)
 		default:
@@ -365,12 +399,14 @@ func (a *Agent) serveStream(s Stream) {
 	}
 }
 
-// dispatch hands one request to its handler; respond receives the response frame.
-func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, respond func(*Frame)) {
+// dispatch hands one request carrying msg to its handler; respond queues the response frame
+// and returns a channel closed once the response's memory is no longer read.
+func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, msg Message, respond func(*Frame, Message) <-chan struct{}) {
 	id := req.ID
 	h := a.handler(req.Method)
 	if h == nil {
-		respond(&Frame{Kind: FrameResponse, ID: id, Status: StatusNoHandler, Error: fmt.Sprintf("method %q is not registered", req.Method)})
+		msg.Release()
+		respond(&Frame{Kind: FrameResponse, ID: id, Status: StatusNoHandler, Error: fmt.Sprintf("method %q is not registered", req.Method)}, Message{})
 		return
 	}
 	cancel := context.CancelFunc(func() {})
@@ -381,12 +417,13 @@ func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, res
 	h.ServeRPC(&ServerCall{
 		Caller:  caller,
 		Method:  req.Method,
-		Request: Message{Payload: req.Payload, Buffers: req.Buffers},
+		Request: msg,
 		ctx:     ctx,
-		respond: func(resp *Frame) {
+		maxSize: a.maxMessageSize,
+		respond: func(resp *Frame, m Message) <-chan struct{} {
 			cancel()
 			resp.ID = id
-			respond(resp)
+			return respond(resp, m)
 		},
 	})
 }

@@ -22,6 +22,8 @@ var (
 	ErrRendezvous = errors.New("rendezvous failed")
 	// ErrCanceled: the caller's context was canceled before the reply came.
 	ErrCanceled = errors.New("RPC canceled")
+	// ErrTooLarge: a message is over the size limit.
+	ErrTooLarge = errors.New("message too large")
 )
 
 // RemoteError is a handler's failure, delivered to the caller.

@@ -13,6 +13,10 @@ const (
 	FrameResponse
 	// FrameRefs carries RRef reference operations to their owner; it has no reply.
 	FrameRefs
+	// FrameChunk carries Payload bytes at Offset of the chunked message ID.
+	FrameChunk
+	// FrameAbort says the rest of the chunked message ID will not come.
+	FrameAbort
 )
 
 // Status is the outcome carried by a response frame.
@@ -26,6 +30,8 @@ const (
 	StatusHandlerError
 	// StatusNoHandler means the callee has no handler for the method.
 	StatusNoHandler
+	// StatusTooLarge means the handler's reply was over the callee's size limit.
+	StatusTooLarge
 )
 
 // Frame is the unit on the wire. It is encoded as a msgpack array to keep small calls small.
@@ -45,4 +51,9 @@ type Frame struct {
 	Payload  []byte
 	Buffers  [][]byte
 	Refs     []RefOp
+	// Sizes, on a request or response whose data follows in chunks, gives the length of the
+	// payload and of each buffer; the chunks carry them back to back.
+	Sizes []int64
+	// Offset is where a chunk's bytes go in its message.
+	Offset int64
 }

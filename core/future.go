@@ -13,9 +13,45 @@ type CallFuture struct {
 	err  error
 	// onDone runs once when the call completes, before Done is closed.
 	onDone func()
+
+	outMu  sync.Mutex
+	writer *frameWriter
+	out    *outMessage // the request, while it is sent in chunks
 }
 
 func newCallFuture() *CallFuture { return &CallFuture{done: make(chan struct{})} }
+
+func (f *CallFuture) setOutgoing(w *frameWriter, out *outMessage) {
+	f.outMu.Lock()
+	f.writer, f.out = w, out
+	f.outMu.Unlock()
+	select {
+	case <-f.done: // completed (timed out) before the request was queued
+		w.abort(out)
+	default:
+	}
+}
+
+// Sent is closed once the request's memory is no longer read: after it was sent, or after an
+// early failure stopped its sending. Until then the caller must keep it unchanged.
+func (f *CallFuture) Sent() <-chan struct{} {
+	f.outMu.Lock()
+	defer f.outMu.Unlock()
+	if f.out == nil {
+		return closedChan
+	}
+	return f.out.sent
+}
+
+// abortSend stops sending the request of a call that failed early.
+func (f *CallFuture) abortSend() {
+	f.outMu.Lock()
+	w, out := f.writer, f.out
+	f.outMu.Unlock()
+	if out != nil {
+		w.abort(out)
+	}
+}
 
 // complete sets the outcome once; it reports whether this call set it.
 func (f *CallFuture) complete(resp Message, err error) bool {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"sync"
 )
 
@@ -14,7 +15,8 @@ type Handler interface {
 	ServeRPC(call *ServerCall)
 }
 
-// HandlerFunc is a blocking handler; each call runs it on a goroutine of its own.
+// HandlerFunc is a blocking handler; each call runs it on a goroutine of its own. req is valid
+// only until the function returns.
 type HandlerFunc func(ctx context.Context, req Message) (Message, error)
 
 // ServeRPC implements Handler.
@@ -23,9 +25,10 @@ func (f HandlerFunc) ServeRPC(call *ServerCall) {
 		resp, err := f(call.Context(), call.Request)
 		if err != nil {
 			call.Fail(err)
-			return
+		} else {
+			<-call.Reply(resp)
 		}
-		call.Reply(resp)
+		call.Request.Release()
 	}()
 }
 
@@ -39,7 +42,8 @@ type ServerCall struct {
 	Request Message
 
 	ctx     context.Context
-	respond func(*Frame)
+	maxSize int64
+	respond func(*Frame, Message) <-chan struct{}
 	once    sync.Once
 }
 
@@ -47,11 +51,20 @@ type ServerCall struct {
 // shuts down.
 func (c *ServerCall) Context() context.Context { return c.ctx }
 
-// Reply sends resp to the caller. Only the first Reply or Fail of a call counts.
-func (c *ServerCall) Reply(resp Message) {
+// Reply sends resp to the caller. Only the first Reply or Fail of a call counts. The returned
+// channel is closed once resp's memory is no longer read; until then it must not change. A
+// reply over the size limit is replaced by an error saying so.
+func (c *ServerCall) Reply(resp Message) <-chan struct{} {
+	var sent <-chan struct{} = closedChan
 	c.once.Do(func() {
-		c.respond(&Frame{Kind: FrameResponse, Status: StatusOK, Payload: resp.Payload, Buffers: resp.Buffers})
+		if size := int64(resp.Size()); size > c.maxSize {
+			c.respond(&Frame{Kind: FrameResponse, Status: StatusTooLarge,
+				Error: fmt.Sprintf("the reply to %q carries %d bytes, over the %d-byte limit", c.Caller.Name, size, c.maxSize)}, Message{})
+			return
+		}
+		sent = c.respond(&Frame{Kind: FrameResponse, Status: StatusOK}, resp)
 	})
+	return sent
 }
 
 // Fail sends err to the caller, where it arrives as a *RemoteError with err's message and, if
@@ -59,9 +72,10 @@ func (c *ServerCall) Reply(resp Message) {
 func (c *ServerCall) Fail(err error) {
 	c.once.Do(func() {
 		f := &Frame{Kind: FrameResponse, Status: StatusHandlerError, Error: err.Error()}
+		var detail Message
 		if re, ok := err.(*RemoteError); ok {
-			f.Error, f.Payload, f.Buffers = re.Message, re.Payload.Payload, re.Payload.Buffers
+			f.Error, detail = re.Message, re.Payload
 		}
-		c.respond(f)
+		<-c.respond(f, detail)
 	})
 }

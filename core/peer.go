@@ -21,7 +21,7 @@ type peer struct {
 type peerConn struct {
 	peer   *peer
 	stream Stream
-	sendMu sync.Mutex
+	writer *frameWriter
 
 	mu      sync.Mutex
 	pending map[uint64]*CallFuture
@@ -68,21 +68,21 @@ func (p *peer) connect(ctx context.Context) (*peerConn, error) {
 
 func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	s, err := p.agent.transport.Dial(ctx, p.info.Addr)
-	if err == nil {
-		self := p.agent.self
-		err = s.Send(&Frame{Kind: FrameHello, Method: self.Name, CallerID: self.ID})
-		if err != nil {
-			s.Close()
-		}
-	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: cannot reach worker %q at %s: %w", ErrPeerLost, p.info.Name, p.info.Addr, err)
 	}
-	return &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}, nil
+	c := &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}
+	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
+	self := p.agent.self
+	if err := c.writer.sendFrame(&Frame{Kind: FrameHello, Method: self.Name, CallerID: self.ID}); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
-// send registers f as pending under id and sends the request.
-func (c *peerConn) send(id uint64, f *CallFuture, req *Frame) error {
+// send registers f as pending under id and queues the request carrying msg.
+func (c *peerConn) send(id uint64, f *CallFuture, req *Frame, msg Message) error {
 	c.mu.Lock()
 	if c.broken != nil {
 		c.mu.Unlock()
@@ -90,17 +90,18 @@ func (c *peerConn) send(id uint64, f *CallFuture, req *Frame) error {
 	}
 	c.pending[id] = f
 	c.mu.Unlock()
-
-	c.sendMu.Lock()
-	err := c.stream.Send(req)
-	c.sendMu.Unlock()
+	out, err := c.writer.send(req, msg)
 	if err != nil {
 		c.fail(err)
+		return nil
+	}
+	if out != nil {
+		f.setOutgoing(c.writer, out)
 	}
 	return nil
 }
 
-// sendOneWay sends a frame that expects no reply.
+// sendOneWay queues a frame that expects no reply.
 func (c *peerConn) sendOneWay(f *Frame) error {
 	c.mu.Lock()
 	broken := c.broken
@@ -108,14 +109,7 @@ func (c *peerConn) sendOneWay(f *Frame) error {
 	if broken != nil {
 		return broken
 	}
-	c.sendMu.Lock()
-	err := c.stream.Send(f)
-	c.sendMu.Unlock()
-	if err != nil {
-		c.fail(err)
-		return c.broken
-	}
-	return nil
+	return c.writer.sendFrame(f)
 }
 
 // take removes and returns the pending call id, if it is still pending.
@@ -128,19 +122,31 @@ func (c *peerConn) take(id uint64) *CallFuture {
 }
 
 func (c *peerConn) readLoop() {
+	incoming := newReassembler(c.peer.agent.maxMessageSize)
+	defer incoming.close()
 	for {
 		fr, err := c.stream.Recv()
 		if err != nil {
 			c.fail(err)
 			return
 		}
+		fr, msg, err := incoming.add(fr)
+		if err != nil {
+			c.fail(fmt.Errorf("bad frame: %w", err))
+			return
+		}
+		if fr == nil {
+			continue
+		}
 		if fr.Kind != FrameResponse {
 			c.peer.agent.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", c.peer.info.Name, "kind", fr.Kind)
 			continue
 		}
 		if f := c.take(fr.ID); f != nil {
-			resp, err := responseResult(fr, c.peer.info.Name)
+			resp, err := responseResult(fr, msg, c.peer.info.Name)
 			f.complete(resp, err)
+		} else {
+			msg.Release() // the caller gave up on it
 		}
 	}
 }
@@ -167,20 +173,23 @@ func (c *peerConn) fail(cause error) {
 		p.conn = nil
 	}
 	p.mu.Unlock()
+	c.writer.close(c.broken)
 	c.stream.Close()
 	for _, f := range pending {
 		f.complete(Message{}, c.broken)
 	}
 }
 
-// responseResult turns a response frame from worker into the caller's result.
-func responseResult(fr *Frame, worker string) (Message, error) {
+// responseResult turns a response frame from worker, carrying msg, into the caller's result.
+func responseResult(fr *Frame, msg Message, worker string) (Message, error) {
 	switch fr.Status {
 	case StatusOK:
-		return Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil
+		return msg, nil
 	case StatusNoHandler:
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrNoHandler, worker, fr.Error)
+	case StatusTooLarge:
+		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrTooLarge, worker, fr.Error)
 	default:
-		return Message{}, &RemoteError{Worker: worker, Message: fr.Error, Payload: Message{Payload: fr.Payload, Buffers: fr.Buffers}}
+		return Message{}, &RemoteError{Worker: worker, Message: fr.Error, Payload: msg}
 	}
 }

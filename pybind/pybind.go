@@ -26,6 +26,10 @@ import (
 // the payload.
 const PyMethod = "py"
 
+// BorrowThreshold is the message size from which Go sends Python's memory in place instead of
+// copying it, and lends received messages' memory to Python.
+const BorrowThreshold = core.DefaultChunkSize
+
 // Call statuses, the stable error kinds Python maps to exception types.
 const (
 	StatusOK = iota
@@ -80,8 +84,10 @@ func pythonMemory(addr uintptr) unsafe.Pointer {
 	return *(*unsafe.Pointer)(unsafe.Pointer(&addr))
 }
 
-// segments reads a table of n (address, length) uint64 pairs and copies each buffer it names.
-func segments(table uintptr, n int) core.Message {
+// segments reads a table of n (address, length) uint64 pairs naming Python buffers. With
+// borrow the message refers to Python's memory, which Python must keep alive and unchanged
+// until the message is sent; otherwise the buffers are copied.
+func segments(table uintptr, n int, borrow bool) core.Message {
 	if n <= 0 {
 		return core.Message{}
 	}
@@ -91,7 +97,11 @@ func segments(table uintptr, n int) core.Message {
 		if size == 0 {
 			return []byte{}
 		}
-		return append([]byte(nil), unsafe.Slice((*byte)(pythonMemory(addr)), size)...)
+		b := unsafe.Slice((*byte)(pythonMemory(addr)), size)
+		if borrow {
+			return b
+		}
+		return append([]byte(nil), b...)
 	}
 	m := core.Message{Payload: read(0)}
 	for i := 1; i < n; i++ {
@@ -100,9 +110,27 @@ func segments(table uintptr, n int) core.Message {
 	return m
 }
 
+// tableSize is the number of bytes the table names.
+func tableSize(table uintptr, n int) int {
+	if n <= 0 {
+		return 0
+	}
+	total := 0
+	for i, v := range unsafe.Slice((*uint64)(pythonMemory(table)), 2*n) {
+		if i%2 == 1 {
+			total += int(v)
+		}
+	}
+	return total
+}
+
 // Segments is a received message as Python sees it: segment 0 is the payload, the rest are
 // its out-of-band buffers.
-type Segments struct{ msg core.Message }
+type Segments struct {
+	msg    core.Message
+	agent  *Agent
+	lendID int64
+}
 
 func (s *Segments) segment(i int) []byte {
 	if i == 0 {
@@ -135,11 +163,42 @@ func (s *Segments) CopySegment(i int, addr uintptr) (err error) {
 	return nil
 }
 
+// Lend lets Python use the message's memory in place: it returns the address of its one
+// buffer, where the segments lie back to back, or 0 if the message is not in one buffer.
+// The memory stays valid, and Go leaves it alone, until Python calls Return.
+func (s *Segments) Lend() uintptr {
+	if !s.msg.Pooled() || s.msg.Size() == 0 {
+		return 0
+	}
+	s.agent.lendMu.Lock()
+	defer s.agent.lendMu.Unlock()
+	if s.lendID == 0 {
+		s.agent.nextLend++
+		s.lendID = s.agent.nextLend
+		s.agent.lent[s.lendID] = s.msg
+	}
+	return uintptr(unsafe.Pointer(unsafe.SliceData(s.msg.Payload)))
+}
+
+// LendID names the lent memory for Agent.Return.
+func (s *Segments) LendID() int64 { return s.lendID }
+
+// Release gives the message's memory back for reuse unless it was lent.
+func (s *Segments) Release() {
+	if s.lendID == 0 {
+		s.msg.Release()
+	}
+}
+
 // Agent is a worker's agent as Python holds it.
 type Agent struct {
 	agent    *core.Agent
 	requests chan *Request
 	events   chan *Event
+
+	lendMu   sync.Mutex
+	nextLend int64
+	lent     map[int64]core.Message // memory Python uses in place, by lend id
 
 	shutdownDone chan struct{}
 	shutdownErr  error
@@ -147,17 +206,20 @@ type Agent struct {
 }
 
 // Start joins the world; it blocks until every worker has joined or initTimeoutMs passes.
-func Start(name string, rank, worldSize int, initMethod string, initTimeoutMs int) (a *Agent, err error) {
+// maxMessageSize bounds each message sent or received (0: the default).
+func Start(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64) (a *Agent, err error) {
 	defer recovered(&err)
 	a = &Agent{
 		requests:     make(chan *Request, 1<<16),
 		events:       make(chan *Event, 1<<16),
+		lent:         map[int64]core.Message{},
 		shutdownDone: make(chan struct{}),
 	}
 	ag, err := core.Start(context.Background(), core.Config{
 		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
-		InitTimeout: time.Duration(initTimeoutMs) * time.Millisecond,
-		Handlers:    map[string]core.Handler{PyMethod: queueHandler{a}},
+		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
+		MaxMessageSize: maxMessageSize,
+		Handlers:       map[string]core.Handler{PyMethod: queueHandler{a}},
 		OnRRefDropped: func(id core.RRefID) {
 			a.post(&Event{kind: EventRRefDropped, rref: id})
 		},
@@ -167,6 +229,24 @@ func Start(name string, rank, worldSize int, initMethod string, initTimeoutMs in
 	}
 	a.agent = ag
 	return a, nil
+}
+
+// Return takes back memory lent to Python (Segments.Lend) once Python no longer uses it.
+func (a *Agent) Return(lendID int64) {
+	a.lendMu.Lock()
+	msg, ok := a.lent[lendID]
+	delete(a.lent, lendID)
+	a.lendMu.Unlock()
+	if ok {
+		msg.Release()
+	}
+}
+
+// Lent is the number of received messages Python still uses in place.
+func (a *Agent) Lent() int {
+	a.lendMu.Lock()
+	defer a.lendMu.Unlock()
+	return len(a.lent)
 }
 
 // Name is this worker's name.
@@ -197,18 +277,22 @@ func (a *Agent) WorkerID(name string) int {
 }
 
 // Call sends the message whose nseg segments the table at table names to worker to. A
-// positive notifyID is queued for NextCompletion when the call completes. timeoutMs <= 0 means
-// no deadline.
+// message of at least the chunk size is sent from Python's memory in place: Python keeps the
+// buffers alive and unchanged until Wait reports the call done. A positive notifyID is queued
+// for NextEvent when the call completes. timeoutMs <= 0 means no deadline.
 func (a *Agent) Call(to int, table uintptr, nseg int, timeoutMs int, notifyID int64) (c *Call, err error) {
 	defer recovered(&err)
 	ctx, cancel := context.Background(), context.CancelFunc(func() {})
 	if timeoutMs > 0 {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 	}
-	c = &Call{future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg))}
+	borrow := tableSize(table, nseg) >= BorrowThreshold
+	c = &Call{agent: a, future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg, borrow)), done: make(chan struct{})}
 	go func() {
 		<-c.future.Done()
 		cancel()
+		<-c.future.Sent()
+		close(c.done)
 		if notifyID > 0 {
 			a.post(&Event{kind: EventCallDone, notifyID: notifyID})
 		}
@@ -294,20 +378,23 @@ func (a *Agent) OwnedRRefs() int { return a.agent.OwnedRRefs() }
 
 // Call is one outgoing call.
 type Call struct {
+	agent  *Agent
 	future *core.CallFuture
+	done   chan struct{} // the call completed and its request's memory is free
 }
 
-// Wait waits up to timeoutMs for the call; it reports whether the call has completed.
+// Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
+// longer uses the request's memory.
 func (c *Call) Wait(timeoutMs int) bool {
 	select {
-	case <-c.future.Done():
+	case <-c.done:
 		return true
 	default:
 	}
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
 	select {
-	case <-c.future.Done():
+	case <-c.done:
 		return true
 	case <-t.C:
 		return false
@@ -320,7 +407,7 @@ func (c *Call) outcome() (*Segments, error) {
 	if errors.As(err, &re) {
 		msg = re.Payload
 	}
-	return &Segments{msg: msg}, err
+	return &Segments{msg: msg, agent: c.agent}, err
 }
 
 // Status is the call's outcome kind (StatusOK, StatusRemoteError, …); it waits for the call.
@@ -353,7 +440,7 @@ func (c *Call) Result() *Segments {
 type queueHandler struct{ a *Agent }
 
 func (h queueHandler) ServeRPC(call *core.ServerCall) {
-	r := &Request{call: call, Segments: Segments{msg: call.Request}}
+	r := &Request{call: call, Segments: Segments{msg: call.Request, agent: h.a}}
 	select {
 	case h.a.requests <- r:
 	default:
@@ -395,17 +482,22 @@ func (r *Request) CallerName() string { return r.call.Caller.Name }
 // CallerID is the calling worker's id.
 func (r *Request) CallerID() int { return r.call.Caller.ID }
 
-// Reply sends the message the table names back to the caller.
+// Reply sends the message the table names back to the caller. A big reply is sent from
+// Python's memory in place, so Reply returns only once it is sent.
 func (r *Request) Reply(table uintptr, nseg int) (err error) {
 	defer recovered(&err)
-	r.call.Reply(segments(table, nseg))
+	borrow := tableSize(table, nseg) >= BorrowThreshold
+	sent := r.call.Reply(segments(table, nseg, borrow))
+	if borrow {
+		<-sent
+	}
 	return nil
 }
 
 // Fail sends an error with message and the detail the table names back to the caller.
 func (r *Request) Fail(message string, table uintptr, nseg int) (err error) {
 	defer recovered(&err)
-	r.call.Fail(core.NewRemoteError(message, segments(table, nseg)))
+	r.call.Fail(core.NewRemoteError(message, segments(table, nseg, false)))
 	return nil
 }
 

@@ -26,6 +26,9 @@ type Options struct {
 	Handlers map[string]core.Handler
 	// InitTimeout bounds the rendezvous (default 10 s).
 	InitTimeout time.Duration
+	// ChunkSize and MaxMessageSize are passed to every agent (0: the defaults).
+	ChunkSize      int
+	MaxMessageSize int64
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -58,7 +61,7 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 		cfgs[i] = core.Config{
 			Name: fmt.Sprintf("w%d", i), Rank: i, WorldSize: n,
 			InitMethod: init, InitTimeout: opts.InitTimeout, Handlers: opts.Handlers,
-			ListenHost: "127.0.0.1",
+			ListenHost: "127.0.0.1", ChunkSize: opts.ChunkSize, MaxMessageSize: opts.MaxMessageSize,
 		}
 		if network != nil {
 			cfgs[i].Store, cfgs[i].Transport = store, network.Transport()

@@ -17,7 +17,7 @@ from ._boundary import SegmentTable, read_segments
 from ._native import pybind as _native
 from .functions import is_async_execution
 from .futures import Future, WAIT_SLICE_S
-from .internal import Deferred, RemoteException, deserialize, raw_buffers, serialize
+from .internal import Deferred, RemoteException, deserialize, serialize
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -61,12 +61,15 @@ def install_agent(agent: Optional["PythonAgent"], expected: Optional["PythonAgen
 class _PendingCall:
     """An outgoing call whose reply has not been turned into its future's result yet."""
 
-    __slots__ = ("native", "dest", "timeout_ms", "_lock", "_settled")
+    __slots__ = ("native", "agent_native", "dest", "timeout_ms", "table", "_lock", "_settled")
 
-    def __init__(self, native, dest: str, timeout_ms: int) -> None:
+    def __init__(self, native, agent_native, dest: str, timeout_ms: int, table: Optional[SegmentTable]) -> None:
         self.native = native
+        self.agent_native = agent_native
         self.dest = dest
         self.timeout_ms = timeout_ms
+        # A big request is sent from its buffers in place: they live until the call is done.
+        self.table = table
         self._lock = threading.Lock()
         self._settled = False
 
@@ -80,6 +83,9 @@ class _PendingCall:
             if self._settled:
                 return
             self._settled = True
+        if self.table is not None:
+            self.table.release()
+            self.table = None
         value, exc = None, None
         try:
             value, exc = self._outcome()
@@ -90,10 +96,10 @@ class _PendingCall:
     def _outcome(self):
         status = self.native.Status()
         if status == _native.StatusOK:
-            payload, buffers = read_segments(self.native.Result())
+            payload, buffers = read_segments(self.native.Result(), self.agent_native)
             return deserialize(payload, buffers), None
         if status == _native.StatusRemoteError:
-            payload, _ = read_segments(self.native.Result())
+            payload, _ = read_segments(self.native.Result(), self.agent_native)
             try:
                 return None, RemoteException.decode(payload).to_exception()
             except Exception:
@@ -165,7 +171,7 @@ class PythonAgent:
         """
         if timeout < 0:
             timeout = self.rpc_timeout
-        data, buffers, context = serialize(message, dest.id)
+        segments, context = serialize(message, dest.id)
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
@@ -175,17 +181,19 @@ class PythonAgent:
         if notify:
             with self._pending_lock:
                 self._pending[notify_id] = fut
-        table = SegmentTable([data] + raw_buffers(buffers))
+        table = SegmentTable(segments)
+        borrowed = table.size >= _native.BorrowThreshold
         try:
             native_call = self.native.Call(dest.id, table.address, table.count, timeout_ms, notify_id)
         except BaseException:
+            table.release()
             if notify:
                 with self._pending_lock:
                     self._pending.pop(notify_id, None)
             raise
-        finally:
+        if not borrowed:
             table.release()
-        fut._pending_call = _PendingCall(native_call, dest.name, timeout_ms)
+        fut._pending_call = _PendingCall(native_call, self.native, dest.name, timeout_ms, table if borrowed else None)
         return fut
 
     def add_fork(self, owner: int, rref_id, fork_id, holder: int) -> None:
@@ -221,7 +229,7 @@ class PythonAgent:
 
     def _serve(self, request) -> None:
         try:
-            payload, buffers = read_segments(request)
+            payload, buffers = read_segments(request, self.native)
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
         except BaseException as exc:  # everything the user code raises goes back to the caller
@@ -242,13 +250,13 @@ class PythonAgent:
 
     def _reply(self, request, result: Any) -> None:
         try:
-            data, buffers, context = serialize(result, request.CallerID())
+            segments, context = serialize(result, request.CallerID())
             for owner, rref_id, fork_id in context.forks:
                 self.add_fork(owner, rref_id, fork_id, holder=request.CallerID())
         except BaseException as exc:  # an unpicklable result fails the call, not the worker
             self._reply_error(request, exc)
             return
-        table = SegmentTable([data] + raw_buffers(buffers))
+        table = SegmentTable(segments)
         try:
             request.Reply(table.address, table.count)
         finally:

@@ -1,17 +1,26 @@
 """Moving bytes across the Go boundary as (address, length) pairs, without extra copies.
 
-Outgoing, Python hands Go a table of uint64 pairs naming its buffers, and Go copies them before
-the call returns, so the buffers only need to live for the call. Incoming, Python allocates one
-buffer of the size Go announces and Go copies into it.
+Outgoing, Python hands Go a table of uint64 pairs naming its buffers. Go copies a small
+message before the call returns; a big one (at least ``BorrowThreshold`` bytes) it sends from
+Python's memory in place, so Python keeps the table, and with it the buffers, until Go is done.
+
+Incoming, a big message arrives in one Go buffer that Go lends to Python: Python's buffers are
+views of that memory, handed back when the last view dies. A small message is copied into
+objects Python allocates, of the type the sender's pickler recorded for each buffer.
 """
 
 from __future__ import annotations
 
 import array
 import ctypes
-from typing import List, Sequence, Tuple, Union
+import weakref
+from typing import Any, List, Sequence, Tuple, Union
 
 BufferLike = Union[bytes, bytearray, memoryview]
+
+# One byte per out-of-band buffer, sent as the last segment of a message that has buffers.
+KIND_BYTES = ord("b")  # rebuild as bytes
+KIND_WRITABLE = ord("w")  # rebuild on writable memory
 
 
 class _PyBuffer(ctypes.Structure):
@@ -32,14 +41,19 @@ class _PyBuffer(ctypes.Structure):
     ]
 
 
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-_get_buffer.restype = ctypes.c_int
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
-_release_buffer.restype = None
+_api = ctypes.pythonapi
+_api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_api.PyObject_GetBuffer.restype = ctypes.c_int
+_api.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+_api.PyBuffer_Release.restype = None
+# Uninitialised bytes and bytearrays: Go fills them, so zeroing them first would be waste.
+_api.PyBytes_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+_api.PyBytes_FromStringAndSize.restype = ctypes.py_object
+_api.PyByteArray_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+_api.PyByteArray_FromStringAndSize.restype = ctypes.py_object
+_api.PyByteArray_AsString.argtypes = [ctypes.py_object]
+_api.PyByteArray_AsString.restype = ctypes.c_void_p
 _PyBUF_SIMPLE = 0
-_PyBUF_WRITABLE = 1
 
 # A bytes object's data sits at a fixed offset from the object in CPython; the offset is
 # checked once here and the general buffer protocol is used if it does not hold.
@@ -48,29 +62,41 @@ if ctypes.string_at(id(b"tensorplay") + _BYTES_DATA_OFFSET, 10) != b"tensorplay"
     _BYTES_DATA_OFFSET = -1
 
 
+def _bytes_address(b: bytes) -> int:
+    if _BYTES_DATA_OFFSET >= 0:
+        return id(b) + _BYTES_DATA_OFFSET
+    return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0
+
+
 class SegmentTable:
-    """The (address, length) table of a message's segments, valid until :meth:`release`."""
+    """The (address, length) table of a message's segments; it keeps them alive and readable
+    until :meth:`release`."""
 
-    __slots__ = ("_table", "_views", "count")
+    __slots__ = ("_table", "_views", "_keep", "count", "size")
 
-    def __init__(self, segments: Sequence[BufferLike]) -> None:
+    def __init__(self, segments: Sequence[Any]) -> None:
         pairs = array.array("Q")
         views: List[_PyBuffer] = []
+        size = 0
         for seg in segments:
-            if type(seg) is bytes and _BYTES_DATA_OFFSET >= 0:
-                pairs.append(id(seg) + _BYTES_DATA_OFFSET)
+            if type(seg) is bytes:
+                pairs.append(_bytes_address(seg))
                 pairs.append(len(seg))
+                size += len(seg)
                 continue
             view = _PyBuffer()
-            # Contiguity is required: non-contiguous data never reaches here as a raw segment.
-            if _get_buffer(seg, ctypes.byref(view), _PyBUF_SIMPLE) != 0:
+            # Contiguity is required: the pickler makes every out-of-band buffer contiguous.
+            if _api.PyObject_GetBuffer(seg, ctypes.byref(view), _PyBUF_SIMPLE) != 0:
                 raise BufferError(f"cannot read a buffer from {type(seg).__name__}")
             views.append(view)
             pairs.append(view.buf or 0)
             pairs.append(view.len)
+            size += view.len
         self._table = pairs
         self._views = views
+        self._keep = segments
         self.count = len(segments)
+        self.size = size
 
     @property
     def address(self) -> int:
@@ -80,38 +106,55 @@ class SegmentTable:
     def release(self) -> None:
         """Release the buffer views the table holds."""
         for view in self._views:
-            _release_buffer(ctypes.byref(view))
+            _api.PyBuffer_Release(ctypes.byref(view))
         self._views = []
+        self._keep = ()
 
 
-def writable_address(buf: bytearray) -> int:
-    """Address of a bytearray's data, for Go to copy into."""
-    if not buf:
-        return 0
-    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+def _new_bytearray(size: int) -> Tuple[bytearray, int]:
+    buf = _api.PyByteArray_FromStringAndSize(None, size)
+    return buf, (_api.PyByteArray_AsString(buf) or 0) if size else 0
 
 
-def read_segments(native) -> Tuple[BufferLike, List[memoryview]]:
-    """Copy a received message out of Go: one allocation for all of its segments.
+def _new_bytes(size: int) -> Tuple[bytes, int]:
+    buf = _api.PyBytes_FromStringAndSize(None, size)
+    return buf, _bytes_address(buf)
 
-    Returns the payload and views of the out-of-band buffers; all are writable, so arrays
-    rebuilt on them are writable too.
+
+def read_segments(native, agent_native) -> Tuple[BufferLike, List[BufferLike]]:
+    """Take a received message out of Go: its payload and out-of-band buffers.
+
+    ``native`` is the message (pybind Segments); ``agent_native`` is the Go agent, to hand lent
+    memory back to.
     """
     count = native.NumSegments()
     sizes = [native.SegmentSize(i) for i in range(count)]
     if count == 1:
-        payload = bytearray(sizes[0])
+        payload, address = _new_bytearray(sizes[0])
         if sizes[0]:
-            native.CopySegment(0, writable_address(payload))
+            native.CopySegment(0, address)
+        native.Release()
         return payload, []
-    whole = bytearray(sum(sizes))
-    base = writable_address(whole)
-    view = memoryview(whole)
-    parts: List[memoryview] = []
-    offset = 0
-    for i, size in enumerate(sizes):
+    kinds, address = _new_bytes(sizes[-1])
+    native.CopySegment(count - 1, address)
+    base = native.Lend()
+    if base:
+        total = sum(sizes)
+        region = (ctypes.c_char * total).from_address(base)
+        weakref.finalize(region, agent_native.Return, native.LendID())
+        view = memoryview(region).cast("B")
+        parts: List[BufferLike] = []
+        offset = 0
+        for i, size in enumerate(sizes[:-1]):
+            part = view[offset : offset + size]
+            offset += size
+            parts.append(bytes(part) if i > 0 and kinds[i - 1] == KIND_BYTES else part)
+        return parts[0], parts[1:]
+    parts = []
+    for i, size in enumerate(sizes[:-1]):
+        buf, address = _new_bytes(size) if i > 0 and kinds[i - 1] == KIND_BYTES else _new_bytearray(size)
         if size:
-            native.CopySegment(i, base + offset)
-        parts.append(view[offset : offset + size])
-        offset += size
+            native.CopySegment(i, address)
+        parts.append(buf)
+    native.Release()
     return parts[0], parts[1:]

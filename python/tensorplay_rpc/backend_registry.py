@@ -47,7 +47,9 @@ def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: in
     rpc_backend_options._check_devices()
     timeout = rpc_backend_options.rpc_timeout
     init_timeout = timeout if timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
-    native = _native.Start(name, rank, world_size, store, int(init_timeout * 1000))
+    native = _native.Start(
+        name, rank, world_size, store, int(init_timeout * 1000), rpc_backend_options.max_message_size
+    )
     return PythonAgent(native, rpc_backend_options.num_worker_threads, timeout)
 
 

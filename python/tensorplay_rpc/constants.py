@@ -7,3 +7,5 @@ DEFAULT_NUM_WORKER_THREADS: int = 16
 UNSET_RPC_TIMEOUT: float = -1.0
 # 0 means a graceful shutdown waits as long as the slowest worker.
 DEFAULT_SHUTDOWN_TIMEOUT: float = 0.0
+# The most bytes one call or reply may carry.
+DEFAULT_MAX_MESSAGE_SIZE: int = 4 << 30

@@ -7,14 +7,21 @@ by reference; lambdas, closures and functions defined in ``__main__`` go by valu
 
 from __future__ import annotations
 
+import io
 import pickle
+import sys
 import threading
 import traceback
 from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
+from ._boundary import KIND_BYTES, KIND_WRITABLE
+
 PROTOCOL = 5
+
+# Smaller buffers stay inside the pickle: a separate segment costs more than the copy.
+OUT_OF_BAND_MIN = 1024
 
 
 class SendContext:
@@ -37,27 +44,146 @@ def current_send_context() -> Optional[SendContext]:
     return getattr(_sending, "context", None)
 
 
-def serialize(obj: Any, dest_id: int) -> Tuple[bytes, List[pickle.PickleBuffer], SendContext]:
-    """Pickle ``obj`` for worker ``dest_id``: the pickle, its out-of-band buffers, and the
-    context holding the RRef forks it made."""
-    buffers: List[pickle.PickleBuffer] = []
+def _rebuild_bytearray(buf) -> bytearray:
+    return buf if type(buf) is bytearray else bytearray(buf)
+
+
+def _rebuild_memoryview(buf, fmt: str, shape: tuple) -> memoryview:
+    view = buf if type(buf) is memoryview else memoryview(buf)
+    return view.cast("B").cast(fmt, shape) if shape else view.cast("B").cast(fmt)
+
+
+def _reduce_memoryview(obj: memoryview):
+    if not obj.contiguous:
+        obj = memoryview(obj.tobytes()).cast(obj.format, obj.shape)
+    return _rebuild_memoryview, (pickle.PickleBuffer(obj), obj.format, obj.shape)
+
+
+def _reduce_ndarray(obj):
+    if obj.dtype.hasobject:
+        return NotImplemented
+    if obj.nbytes < OUT_OF_BAND_MIN:
+        return obj.__reduce_ex__(4)
+    if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+        import numpy
+
+        obj = numpy.ascontiguousarray(obj)
+    return obj.__reduce_ex__(PROTOCOL)
+
+
+def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if buf is None:
+        tensor = torch.empty(shape, dtype=dtype)
+    else:
+        tensor = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    if requires_grad:
+        tensor.requires_grad_()
+    return tensor
+
+
+def _reduce_tensor(obj):
+    if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized:
+        return NotImplemented
+    data = obj.detach()
+    dtype_name = str(data.dtype).rsplit(".", 1)[-1]
+    if data.numel() == 0:
+        return _rebuild_tensor, (None, dtype_name, tuple(data.shape), obj.requires_grad)
+    flat = data.contiguous().reshape(-1).view(_torch_uint8())
+    return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), dtype_name, tuple(data.shape), obj.requires_grad)
+
+
+def _torch_strided():
+    return sys.modules["torch"].strided
+
+
+def _torch_uint8():
+    return sys.modules["torch"].uint8
+
+
+_REDUCERS = {memoryview: _reduce_memoryview}
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    """cloudpickle, plus out-of-band buffers for bytes, bytearray, memoryview, numpy arrays
+    (contiguous or not) and torch CPU tensors."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        # bytes and bytearray never reach reducer_override (the pickler saves them itself); a
+        # persistent id holding a PickleBuffer sends them out of band.
+        kind = type(obj)
+        if (kind is bytes or kind is bytearray) and len(obj) >= OUT_OF_BAND_MIN:
+            return (kind is bytes, pickle.PickleBuffer(obj))
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        reduce = _REDUCERS.get(kind)
+        if reduce is not None:
+            return reduce(obj)
+        module = kind.__module__
+        if module == "numpy" and kind.__name__ == "ndarray":
+            result = _reduce_ndarray(obj)
+            if result is not NotImplemented:
+                return result
+        elif module == "torch" and kind.__name__ == "Tensor":
+            result = _reduce_tensor(obj)
+            if result is not NotImplemented:
+                return result
+        return super().reducer_override(obj)
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid: Any) -> Any:
+        is_bytes, buf = pid
+        if is_bytes:
+            return buf if type(buf) is bytes else bytes(buf)
+        return _rebuild_bytearray(buf)
+
+
+class _Out:
+    """One thread's reusable pickler state: building a pickler per message costs more than
+    the pickling of a small call."""
+
+    def __init__(self) -> None:
+        self.file = io.BytesIO()
+        self.buffers: List[pickle.PickleBuffer] = []
+        self.pickler = _Pickler(self.file, protocol=PROTOCOL, buffer_callback=self.buffers.append)
+
+
+_out = threading.local()
+
+
+def serialize(obj: Any, dest_id: int) -> Tuple[List[Any], SendContext]:
+    """Pickle ``obj`` for worker ``dest_id``: the message's segments (the pickle, its
+    out-of-band buffers, and if there are any, their kinds) and the context holding the RRef
+    forks it made."""
+    out = getattr(_out, "state", None)
+    if out is None:
+        out = _out.state = _Out()
     context = SendContext(dest_id)
     _sending.context = context
     try:
-        data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+        out.pickler.dump(obj)
+        data = out.file.getvalue()
     finally:
         _sending.context = None
-    return data, buffers, context
-
-
-def raw_buffers(buffers: List[pickle.PickleBuffer]) -> List[memoryview]:
-    """The flat bytes of each out-of-band buffer, as they go on the wire."""
-    return [b.raw() for b in buffers]
+        out.file.seek(0)
+        out.file.truncate()
+        out.pickler.clear_memo()
+        buffers, out.buffers[:] = list(out.buffers), []
+    if not buffers:
+        return [data], context
+    raws = [b.raw() for b in buffers]
+    kinds = bytes(KIND_BYTES if type(r.obj) is bytes else KIND_WRITABLE for r in raws)
+    return [data, *raws, kinds], context
 
 
 def deserialize(payload, buffers) -> Any:
     """Unpickle what :func:`serialize` made, given the received payload and buffers."""
-    return pickle.loads(payload, buffers=buffers)
+    return _Unpickler(io.BytesIO(payload), buffers=buffers).load()
 
 
 class Deferred:

@@ -50,6 +50,8 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         device_maps: per-destination device maps; this build has no accelerators, so only
             CPU-to-CPU maps can be used.
         devices: local devices; likewise CPU only.
+        max_message_size: the most bytes (pickle plus buffers) one call or reply may carry,
+            sent or received; bigger ones are refused before anything is sent.
         _transports, _channels: accepted for compatibility with torch and ignored.
     """
 
@@ -63,8 +65,12 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         devices: Optional[List[DeviceType]] = None,
         _transports: Optional[List] = None,
         _channels: Optional[List] = None,
+        max_message_size: int = constants.DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         super().__init__(rpc_timeout, init_method)
+        if int(max_message_size) < 1:
+            raise ValueError(f"max_message_size must be positive, got {max_message_size}")
+        self.max_message_size = int(max_message_size)
         if int(num_worker_threads) < 1:
             raise ValueError(f"num_worker_threads must be at least 1, got {num_worker_threads}")
         self.num_worker_threads = int(num_worker_threads)

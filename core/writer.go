@@ -1,0 +1,200 @@
+package core
+
+import (
+	"sync"
+)
+
+// frameWriter owns the sending side of one stream. Small frames go out first, in order; big
+// messages are cut into chunks sent in turn with each other and with small frames, so a small
+// call is never stuck behind a big transfer to the same peer.
+type frameWriter struct {
+	stream    Stream
+	chunkSize int
+	onError   func(error)
+
+	mu    sync.Mutex
+	wake  chan struct{}
+	small []*outMessage
+	large []*outMessage
+	err   error
+}
+
+// outMessage is a queued frame and, for a big message, the data it sends in chunks.
+type outMessage struct {
+	header   *Frame
+	segments [][]byte
+	total    int64
+	offset   int64 // bytes sent so far
+	started  bool  // the header went out
+	aborted  bool
+	sent     chan struct{} // closed once the writer no longer reads the message's memory
+}
+
+func newFrameWriter(s Stream, chunkSize int, onError func(error)) *frameWriter {
+	w := &frameWriter{stream: s, chunkSize: chunkSize, onError: onError, wake: make(chan struct{}, 1)}
+	go w.run()
+	return w
+}
+
+// closedChan is the sent channel of messages the writer was done with at once.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// send queues f carrying msg; a big msg follows f in chunks. The returned message's sent
+// channel is closed once msg's memory is no longer read (sent, or dropped after an error).
+func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return nil, w.err
+	}
+	size := int64(msg.Size())
+	if size < int64(w.chunkSize) {
+		f.Payload, f.Buffers = msg.Payload, msg.Buffers
+		m := &outMessage{header: f, sent: make(chan struct{})}
+		w.small = append(w.small, m)
+		w.kick()
+		return m, nil
+	}
+	sizes := make([]int64, 0, 1+len(msg.Buffers))
+	segments := make([][]byte, 0, 1+len(msg.Buffers))
+	sizes = append(sizes, int64(len(msg.Payload)))
+	segments = append(segments, msg.Payload)
+	for _, b := range msg.Buffers {
+		sizes = append(sizes, int64(len(b)))
+		segments = append(segments, b)
+	}
+	f.Sizes = sizes
+	m := &outMessage{header: f, segments: segments, total: size, sent: make(chan struct{})}
+	w.large = append(w.large, m)
+	w.kick()
+	return m, nil
+}
+
+// sendFrame queues a frame that carries no message data.
+func (w *frameWriter) sendFrame(f *Frame) error {
+	_, err := w.send(f, Message{})
+	return err
+}
+
+// abort stops sending m; the peer is told if it has seen m's header.
+func (w *frameWriter) abort(m *outMessage) {
+	if m == nil {
+		return
+	}
+	w.mu.Lock()
+	m.aborted = true
+	w.kick()
+	w.mu.Unlock()
+}
+
+func (w *frameWriter) kick() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close fails the writer: queued frames are dropped and big messages released.
+func (w *frameWriter) close(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.kick()
+	w.mu.Unlock()
+}
+
+// next picks what to write: a small frame if any, else the next chunk of the big message
+// whose turn it is. done is set when m's memory is no longer needed after f is written.
+func (w *frameWriter) next() (f *Frame, m *outMessage, done bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		if w.err != nil {
+			return nil, nil, false, w.err
+		}
+		if len(w.small) > 0 {
+			m = w.small[0]
+			w.small[0] = nil
+			w.small = w.small[1:]
+			return m.header, m, true, nil
+		}
+		if len(w.large) == 0 {
+			return nil, nil, false, nil
+		}
+		m = w.large[0]
+		w.large = w.large[1:]
+		switch {
+		case m.aborted && !m.started:
+			close(m.sent)
+			continue
+		case m.aborted:
+			close(m.sent)
+			return &Frame{Kind: FrameAbort, ID: m.header.ID}, nil, false, nil
+		case !m.started:
+			m.started = true
+			w.large = append(w.large, m)
+			return m.header, nil, false, nil
+		}
+		f = &Frame{Kind: FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(w.chunkSize)}
+		m.offset += int64(len(f.Payload))
+		if m.offset < m.total {
+			w.large = append(w.large, m)
+			return f, m, false, nil
+		}
+		return f, m, true, nil
+	}
+}
+
+// chunk returns up to n bytes of the message from its offset, without copying: a chunk ends
+// at the end of its segment.
+func (m *outMessage) chunk(n int) []byte {
+	at := m.offset
+	for _, seg := range m.segments {
+		if at >= int64(len(seg)) {
+			at -= int64(len(seg))
+			continue
+		}
+		return seg[at:min(int64(len(seg)), at+int64(n))]
+	}
+	return nil
+}
+
+func (w *frameWriter) run() {
+	for {
+		f, m, done, err := w.next()
+		if err != nil {
+			w.drain()
+			return
+		}
+		if f == nil {
+			<-w.wake
+			continue
+		}
+		if err := w.stream.Send(f); err != nil {
+			w.close(err)
+			if m != nil && done {
+				close(m.sent)
+			}
+			w.drain()
+			w.onError(err)
+			return
+		}
+		if done {
+			close(m.sent)
+		}
+	}
+}
+
+// drain releases every big message still queued once the writer has failed.
+func (w *frameWriter) drain() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range w.small {
+		close(m.sent)
+	}
+	for _, m := range w.large {
+		close(m.sent)
+	}
+	w.large, w.small = nil, nil
+}

@@ -1,0 +1,69 @@
+"""Payloads of every kind travel out of band and arrive as they were sent."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_world
+from tensorplay_rpc.internal import deserialize, serialize
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.zeros(1 << 20, dtype=np.uint8), np.zeros((512, 1024))[:, ::2], b"x" * (1 << 20), bytearray(1 << 20),
+     memoryview(b"y" * (1 << 20)), torch.zeros(1 << 18), torch.zeros(512, 512).t()],
+    ids=["numpy", "numpy-strided", "bytes", "bytearray", "memoryview", "tensor", "tensor-transposed"],
+)
+def test_big_payloads_travel_beside_the_pickle(value):
+    segments, _ = serialize(value, 0)
+    pickle_bytes, *buffers, kinds = segments
+    assert len(pickle_bytes) < 1024, "the payload was copied into the pickle stream"
+    assert len(buffers) == 1 and buffers[0].nbytes >= 1 << 20
+    assert len(kinds) == 1
+    back = deserialize(pickle_bytes, [bytearray(b) for b in buffers])
+    assert type(back) is type(value)
+
+
+def test_small_payloads_stay_in_the_pickle():
+    segments, _ = serialize([b"abc", np.arange(3), bytearray(b"x")], 0)
+    assert len(segments) == 1
+
+
+def test_pickling_state_is_clean_after_an_error():
+    with pytest.raises(TypeError):
+        serialize(__import__("threading").Lock(), 0)
+    segments, _ = serialize({"ok": np.arange(1000)}, 0)
+    assert pickle.loads(segments[0], buffers=segments[1:-1])["ok"].sum() == 499500
+
+
+def test_numpy_round_trips():
+    out = run_world("payloads:numpy_round_trips", 2)[0].value
+    for name in [k for k in out if k.startswith(("dtype", "zero", "empty", "big", "fortran", "strided", "transposed", "reversed", "structured", "object"))]:
+        same, writable_back, writable_there = out[name]
+        assert same, name
+        assert writable_back and writable_there, f"{name} arrived read-only"
+    assert out["lent_after"] == 0 and out["lent_here"] == 0, "lent memory was not handed back"
+
+
+def test_bytes_like_round_trips():
+    out = run_world("payloads:bytes_like_round_trips", 2)[0].value
+    assert all(out.values()), [k for k, v in out.items() if not v]
+
+
+def test_torch_round_trips():
+    out = run_world("payloads:torch_round_trips", 2)[0].value
+    assert all(out.values()), [k for k, v in out.items() if not v]
+
+
+def test_a_one_gib_call():
+    out = run_world("payloads:one_gib", 2, timeout=300)[0].value
+    assert out["seen"] == ("ndarray", "uint64", (1 << 27,), True, out["expected"])
+
+
+def test_size_limits_refuse_cleanly():
+    out = run_world("payloads:size_limits", 2)[0].value
+    assert "too large" in out["too_big_arg"] and "nothing was sent" in out["too_big_arg"] and "worker1" in out["too_big_arg"]
+    assert "too large" in out["too_big_result"] and "reply" in out["too_big_result"]
+    assert out["still_serving"] == 8 << 20

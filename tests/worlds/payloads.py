@@ -1,0 +1,170 @@
+"""Scenarios for the data plane: payloads of every kind, big calls, size limits."""
+
+import gc
+
+import numpy as np
+
+import tensorplay_rpc as rpc
+from tensorplay_rpc import _agent
+
+from .common import init
+
+
+def echo(x):
+    return x
+
+
+def describe(x):
+    """What the callee got: type, dtype, shape, writability and a checksum."""
+    if isinstance(x, np.ndarray):
+        return type(x).__name__, str(x.dtype), x.shape, x.flags.writeable, None if x.dtype.hasobject else _checksum(x)
+    return type(x).__name__, len(x)
+
+
+def _checksum(a):
+    raw = np.ascontiguousarray(a).view(np.uint8).ravel()
+    step = max(1, raw.size // 4096)
+    return int(raw[::step].astype(np.uint64).sum()), raw.size
+
+
+def make(nbytes):
+    """Runs on the callee: a result of nbytes."""
+    return np.ones(nbytes, dtype=np.uint8)
+
+
+def lent_count():
+    """Received messages whose memory the callee's Python still uses in place."""
+    gc.collect()
+    return _agent.require_agent().native.Lent()
+
+
+def numpy_cases():
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((1024, 1024))  # 8 MiB: chunked and lent
+    cases = {f"dtype-{d}": (np.arange(600) % 100).astype(d) for d in (
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128", ">i4", "<M8[ns]", "m8[s]", "U7", "S3",
+    )}
+    cases.update({
+        "zero-d": np.array(3.5),
+        "empty": np.zeros((0,), dtype=np.float32),
+        "empty-2d": np.zeros((0, 3), dtype=np.int64),
+        "big": big,
+        "fortran": np.asfortranarray(big[:300, :200]),
+        "strided": big[::3, ::2],
+        "transposed": big.T,
+        "reversed": np.arange(100_000)[::-1],
+        "structured": np.array([(1, 2.0), (3, 4.0)] * 300, dtype=[("a", "i4"), ("b", "f8")]),
+        "object": np.array([{"x": 1}, None, "s"], dtype=object),
+    })
+    return cases
+
+
+def numpy_round_trips(rank, world_size):
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        for name, arr in numpy_cases().items():
+            back = rpc.rpc_sync("worker1", echo, args=(arr,))
+            seen = rpc.rpc_sync("worker1", describe, args=(arr,))
+            same = (
+                type(back) is np.ndarray and back.dtype == arr.dtype and back.shape == arr.shape
+                and (np.array_equal(back, arr) if arr.dtype != object else list(back) == list(arr))
+            )
+            out[name] = (same, back.flags.writeable, seen[3])
+        out["lent_after"] = rpc.rpc_sync("worker1", lent_count)
+        gc.collect()
+        out["lent_here"] = _agent.require_agent().native.Lent()
+    rpc.shutdown()
+    return out
+
+
+def bytes_like_round_trips(rank, world_size):
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        blob = bytes(range(256)) * 8192  # 2 MiB
+        cases = {
+            "bytes-empty": b"",
+            "bytes-small": b"abc",
+            "bytes-1k": blob[:1024],
+            "bytes-big": blob,
+            "bytearray-empty": bytearray(),
+            "bytearray-small": bytearray(b"xyz"),
+            "bytearray-big": bytearray(blob),
+            "memoryview-bytes": memoryview(blob)[:5000],
+            "memoryview-2d": memoryview(bytearray(blob[:4096])).cast("i", (32, 32)),
+            "memoryview-strided": memoryview(blob)[::2],
+            "mixed": [b"k" * 5000, bytearray(b"v" * 70000), {"n": np.arange(10_000)}, "text"],
+        }
+        for name, value in cases.items():
+            back = rpc.rpc_sync("worker1", echo, args=(value,))
+            if isinstance(value, memoryview):
+                same = type(back) is memoryview and back.tolist() == value.tolist() and back.format == value.format
+            elif name == "mixed":
+                same = back[0] == value[0] and back[1] == value[1] and np.array_equal(back[2]["n"], value[2]["n"]) and back[3] == "text"
+                same = same and type(back[1]) is bytearray
+            else:
+                same = type(back) is type(value) and back == value
+            out[name] = same
+    rpc.shutdown()
+    return out
+
+
+def torch_round_trips(rank, world_size):
+    import torch
+
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        base = torch.arange(2 * 3 * 4 * 1000).reshape(2, 3, 4, 1000)
+        cases = {f"dtype-{d}": (base % 7).to(getattr(torch, d)) for d in (
+            "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool", "complex64",
+        )}
+        cases.update({
+            "zero-d": torch.tensor(2.5),
+            "empty": torch.zeros(0, 5),
+            "transposed": base.float().transpose(0, 3),
+            "sliced": base.float()[:, 1:, ::2],
+            "big": torch.randn(4 * 1024 * 1024),
+        })
+        for name, t in cases.items():
+            back = rpc.rpc_sync("worker1", echo, args=(t,))
+            out[name] = type(back) is torch.Tensor and back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
+        leaf = torch.ones(3, requires_grad=True)
+        back = rpc.rpc_sync("worker1", echo, args=(leaf,))
+        out["requires_grad"] = back.requires_grad and torch.equal(back.detach(), leaf.detach())
+        big = rpc.rpc_sync("worker1", echo, args=(torch.ones(3_000_000),))
+        big += 1  # a received tensor is writable
+        out["writable"] = bool((big == 2).all())
+    rpc.shutdown()
+    return out
+
+
+def one_gib(rank, world_size):
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        arr = np.arange(1 << 27, dtype=np.uint64)  # 1 GiB
+        out["seen"] = rpc.rpc_sync("worker1", describe, args=(arr,), timeout=300)
+        out["expected"] = _checksum(arr)
+    rpc.shutdown()
+    return out
+
+
+def size_limits(rank, world_size):
+    init(rank, world_size, max_message_size=16 << 20)
+    out = {}
+    if rank == 0:
+        for name, fn in (
+            ("too_big_arg", lambda: rpc.rpc_sync("worker1", echo, args=(np.zeros(32 << 20, dtype=np.uint8),))),
+            ("too_big_result", lambda: rpc.rpc_sync("worker1", make, args=(32 << 20,))),
+        ):
+            try:
+                fn()
+                out[name] = None
+            except RuntimeError as exc:
+                out[name] = str(exc)
+        out["still_serving"] = rpc.rpc_sync("worker1", make, args=(8 << 20,)).size
+    rpc.shutdown()
+    return out

@@ -7,7 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the build, the package and its tests need.
 APT_PACKAGES := gcc python3-dev python3-venv python3-pip python3-setuptools python3-wheel \
-	python3-pybindgen python3-cloudpickle python3-numpy python3-pytest python3-pytest-timeout
+	python3-pybindgen python3-cloudpickle python3-numpy python3-pytest python3-pytest-timeout \
+	python3-torch
+# The benchmark also draws a chart.
+BENCH_APT_PACKAGES := python3-matplotlib
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 NATIVE_DIR := python/tensorplay_rpc/_native
@@ -15,15 +18,22 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps native install demo test test-go test-python vet clean
+.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
+	@echo "make bench  tensorplay_rpc vs torch.distributed.rpc vs raw TCP, in one run"
 
 # Installs only what is missing, so a warm machine does no network work.
 deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES)"
+
+bench-deps:
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(BENCH_APT_PACKAGES)"
+
+apt-install:
+	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:" $$missing; \
 		$(SUDO) apt-get update -qq >/dev/null && \
@@ -75,5 +85,8 @@ test: vet test-go test-python
 demo: install
 	$(PY) tests/demo.py
 
+bench: install bench-deps
+	cd bench && ../$(PY) bench.py $(BENCH_ARGS)
+
 clean:
-	rm -rf bin $(NATIVE_DIR) $(VENV) build dist python/*.egg-info build-native.log
+	rm -rf bin $(NATIVE_DIR) $(VENV) build dist python/*.egg-info build-native.log bench/out

@@ -366,6 +366,9 @@ func (a *Agent) serveStream(s Stream) {
 	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
 	defer writer.close(ErrShutdown)
 	reply := func(fr *Frame, msg Message) <-chan struct{} {
+		if a.closing() {
+			return closedChan
+		}
 		out, err := writer.send(fr, msg)
 		if err != nil {
 			a.log.Debug("tensorplay-rpc: reply not sent", "to", caller.Name, "err", err)
@@ -475,8 +478,9 @@ func (a *Agent) drain(ctx context.Context) error {
 // close stops serving and fails whatever is still pending.
 func (a *Agent) close() {
 	a.state.Store(stateClosed)
-	a.stopServing()
+	// The transport goes first: handlers that see their context end must not get a reply out.
 	a.transport.Close()
+	a.stopServing()
 	for _, p := range a.peers {
 		p.mu.Lock()
 		c := p.conn

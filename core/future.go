@@ -14,9 +14,10 @@ type CallFuture struct {
 	// onDone runs once when the call completes, before Done is closed.
 	onDone func()
 
-	outMu  sync.Mutex
-	writer *frameWriter
-	out    *outMessage // the request, while it is sent in chunks
+	outMu     sync.Mutex
+	writer    *frameWriter
+	out       *outMessage // the request, while it is sent in chunks
+	afterDone []func()
 }
 
 func newCallFuture() *CallFuture { return &CallFuture{done: make(chan struct{})} }
@@ -61,10 +62,32 @@ func (f *CallFuture) complete(resp Message, err error) bool {
 		if f.onDone != nil {
 			f.onDone()
 		}
+		f.outMu.Lock()
 		close(f.done)
+		after := f.afterDone
+		f.afterDone = nil
+		f.outMu.Unlock()
+		for _, fn := range after {
+			fn()
+		}
 		set = true
 	})
 	return set
+}
+
+// AfterDone runs fn once the call has completed: at once if it has, else on the goroutine
+// that completes it, so fn must not block.
+func (f *CallFuture) AfterDone(fn func()) {
+	f.outMu.Lock()
+	select {
+	case <-f.done:
+		f.outMu.Unlock()
+		fn()
+		return
+	default:
+	}
+	f.afterDone = append(f.afterDone, fn)
+	f.outMu.Unlock()
 }
 
 // Done is closed when the call has completed.

@@ -287,16 +287,22 @@ func (a *Agent) Call(to int, table uintptr, nseg int, timeoutMs int, notifyID in
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 	}
 	borrow := tableSize(table, nseg) >= BorrowThreshold
-	c = &Call{agent: a, future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg, borrow)), done: make(chan struct{})}
-	go func() {
-		<-c.future.Done()
+	c = &Call{agent: a, future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg, borrow))}
+	c.future.AfterDone(func() {
 		cancel()
-		<-c.future.Sent()
-		close(c.done)
-		if notifyID > 0 {
-			a.post(&Event{kind: EventCallDone, notifyID: notifyID})
+		if notifyID <= 0 {
+			return
 		}
-	}()
+		select {
+		case <-c.future.Sent():
+			a.post(&Event{kind: EventCallDone, notifyID: notifyID})
+		default: // a big request still being given up on: tell Python once it is
+			go func() {
+				<-c.future.Sent()
+				a.post(&Event{kind: EventCallDone, notifyID: notifyID})
+			}()
+		}
+	})
 	return c, nil
 }
 
@@ -380,21 +386,30 @@ func (a *Agent) OwnedRRefs() int { return a.agent.OwnedRRefs() }
 type Call struct {
 	agent  *Agent
 	future *core.CallFuture
-	done   chan struct{} // the call completed and its request's memory is free
 }
 
 // Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
 // longer uses the request's memory.
 func (c *Call) Wait(timeoutMs int) bool {
+	done, sent := c.future.Done(), c.future.Sent()
 	select {
-	case <-c.done:
-		return true
+	case <-done:
+		select {
+		case <-sent:
+			return true
+		default:
+		}
 	default:
 	}
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
 	select {
-	case <-c.done:
+	case <-done:
+	case <-t.C:
+		return false
+	}
+	select {
+	case <-c.future.Sent():
 		return true
 	case <-t.C:
 		return false

@@ -12,6 +12,7 @@ import pickle
 import sys
 import threading
 import traceback
+import types
 from typing import Any, List, Optional, Tuple
 
 import cloudpickle
@@ -61,7 +62,7 @@ def _reduce_memoryview(obj: memoryview):
 
 def _reduce_ndarray(obj):
     if obj.dtype.hasobject:
-        return NotImplemented
+        return obj.__reduce_ex__(PROTOCOL)
     if obj.nbytes < OUT_OF_BAND_MIN:
         return obj.__reduce_ex__(4)
     if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
@@ -86,7 +87,7 @@ def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
 
 def _reduce_tensor(obj):
     if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized:
-        return NotImplemented
+        return obj.__reduce_ex__(PROTOCOL)
     data = obj.detach()
     dtype_name = str(data.dtype).rsplit(".", 1)[-1]
     if data.numel() == 0:
@@ -103,77 +104,111 @@ def _torch_uint8():
     return sys.modules["torch"].uint8
 
 
-_REDUCERS = {memoryview: _reduce_memoryview}
+def _by_value(obj: Any) -> bool:
+    """Whether a function or class cannot be imported by name on the callee: lambdas,
+    closures and anything defined in __main__ travel by value (cloudpickle)."""
+    qualname = getattr(obj, "__qualname__", "")
+    return getattr(obj, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname
 
 
-class _Pickler(cloudpickle.CloudPickler):
-    """cloudpickle, plus out-of-band buffers for bytes, bytearray, memoryview, numpy arrays
-    (contiguous or not) and torch CPU tensors."""
+def _reducers() -> dict:
+    """The out-of-band reducers, by type, for the libraries loaded now."""
+    table = {memoryview: _reduce_memoryview}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        table[numpy.ndarray] = _reduce_ndarray
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        table[torch.Tensor] = _reduce_tensor
+    return table
+
+
+_FUNCTION_TYPES = (types.FunctionType, type)
+
+
+class _Pickler(pickle.Pickler):
+    """The C pickler with out-of-band buffers for bytes, bytearray, memoryview, numpy arrays
+    (contiguous or not) and torch CPU tensors. Functions and classes that cannot be imported
+    on the callee go by value through cloudpickle; the rest stays on the C fast path."""
+
+    def __init__(self, file, buffer_callback) -> None:
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
+        self.dispatch_table = _reducers()
+        self.modules = len(sys.modules)
 
     def persistent_id(self, obj: Any) -> Any:
-        # bytes and bytearray never reach reducer_override (the pickler saves them itself); a
-        # persistent id holding a PickleBuffer sends them out of band.
+        # bytes and bytearray never reach the dispatch table (the pickler saves them itself);
+        # a persistent id holding a PickleBuffer sends them out of band.
         kind = type(obj)
-        if (kind is bytes or kind is bytearray) and len(obj) >= OUT_OF_BAND_MIN:
-            return (kind is bytes, pickle.PickleBuffer(obj))
+        if kind is bytes or kind is bytearray:
+            if len(obj) >= OUT_OF_BAND_MIN:
+                return (_PID_BUFFER, kind is bytes, pickle.PickleBuffer(obj))
+        elif kind in _FUNCTION_TYPES and _by_value(obj):
+            return (_PID_BY_VALUE, cloudpickle.dumps(obj, protocol=PROTOCOL))
         return None
 
-    def reducer_override(self, obj: Any) -> Any:
-        kind = type(obj)
-        reduce = _REDUCERS.get(kind)
-        if reduce is not None:
-            return reduce(obj)
-        module = kind.__module__
-        if module == "numpy" and kind.__name__ == "ndarray":
-            result = _reduce_ndarray(obj)
-            if result is not NotImplemented:
-                return result
-        elif module == "torch" and kind.__name__ == "Tensor":
-            result = _reduce_tensor(obj)
-            if result is not NotImplemented:
-                return result
-        return super().reducer_override(obj)
+
+_PID_BUFFER = 0
+_PID_BY_VALUE = 1
 
 
 class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
-        is_bytes, buf = pid
+        if pid[0] == _PID_BY_VALUE:
+            return pickle.loads(pid[1])
+        _, is_bytes, buf = pid
         if is_bytes:
             return buf if type(buf) is bytes else bytes(buf)
         return _rebuild_bytearray(buf)
 
 
 class _Out:
-    """One thread's reusable pickler state: building a pickler per message costs more than
-    the pickling of a small call."""
+    """One thread's reusable pickler: building one per message costs more than pickling a
+    small call. Rebuilt when new modules (numpy, torch) may have brought new reducers."""
 
     def __init__(self) -> None:
         self.file = io.BytesIO()
         self.buffers: List[pickle.PickleBuffer] = []
-        self.pickler = _Pickler(self.file, protocol=PROTOCOL, buffer_callback=self.buffers.append)
+        self.pickler = _Pickler(self.file, self.buffers.append)
 
 
 _out = threading.local()
+
+
+def _dump(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
+    out = getattr(_out, "state", None)
+    if out is None or out.pickler.modules != len(sys.modules):
+        out = _out.state = _Out()
+    try:
+        out.pickler.dump(obj)
+        return out.file.getvalue(), list(out.buffers)
+    finally:
+        out.file.seek(0)
+        out.file.truncate()
+        out.pickler.clear_memo()
+        out.buffers.clear()
 
 
 def serialize(obj: Any, dest_id: int) -> Tuple[List[Any], SendContext]:
     """Pickle ``obj`` for worker ``dest_id``: the message's segments (the pickle, its
     out-of-band buffers, and if there are any, their kinds) and the context holding the RRef
     forks it made."""
-    out = getattr(_out, "state", None)
-    if out is None:
-        out = _out.state = _Out()
     context = SendContext(dest_id)
     _sending.context = context
     try:
-        out.pickler.dump(obj)
-        data = out.file.getvalue()
+        try:
+            data, buffers = _dump(obj)
+        except (pickle.PicklingError, AttributeError) as fast_path_error:
+            # Something only cloudpickle can send (a function of a module the callee lacks,
+            # say); forks made by the failed attempt are dropped with it.
+            context.forks.clear()
+            buffers = []
+            try:
+                data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+            except Exception:
+                raise fast_path_error
     finally:
         _sending.context = None
-        out.file.seek(0)
-        out.file.truncate()
-        out.pickler.clear_memo()
-        buffers, out.buffers[:] = list(out.buffers), []
     if not buffers:
         return [data], context
     raws = [b.raw() for b in buffers]

@@ -17,11 +17,6 @@ type frameWriter struct {
 	small []*outMessage
 	large []*outMessage
 	err   error
-
-	// sendMu is held around every Stream.Send. A small frame finding the writer idle is sent
-	// by its own goroutine under it: handing it to the writer goroutine would cost a wake-up,
-	// which dominates the latency of a small call.
-	sendMu sync.Mutex
 }
 
 // outMessage is a queued frame and, for a big message, the data it sends in chunks.
@@ -55,21 +50,6 @@ func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
 	size := int64(msg.Size())
 	if size < int64(w.chunkSize) {
 		f.Payload, f.Buffers = msg.Payload, msg.Buffers
-		if false && len(w.small) == 0 && w.sendMu.TryLock() {
-			w.mu.Unlock()
-			err := w.stream.Send(f)
-			w.sendMu.Unlock()
-			w.mu.Lock()
-			if err != nil {
-				if w.err == nil {
-					w.err = err
-				}
-				w.kick()
-				go w.onError(err)
-				return nil, err
-			}
-			return &outMessage{header: f, sent: closedChan}, nil
-		}
 		m := &outMessage{header: f, sent: make(chan struct{})}
 		w.small = append(w.small, m)
 		w.kick()
@@ -191,10 +171,7 @@ func (w *frameWriter) run() {
 			<-w.wake
 			continue
 		}
-		w.sendMu.Lock()
-		err = w.stream.Send(f)
-		w.sendMu.Unlock()
-		if err != nil {
+		if err := w.stream.Send(f); err != nil {
 			w.close(err)
 			if m != nil && done {
 				close(m.sent)

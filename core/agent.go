@@ -51,7 +51,7 @@ type Config struct {
 	// DefaultMaxMessageSize.
 	MaxMessageSize int64
 	// ChunkSize is the most a frame carries: bigger messages travel in chunks of this size,
-	// interleaved with other traffic; 0 means DefaultChunkSize.
+	// interleaved with other traffic; 0 means DefaultChunkSize. At most 8 MiB.
 	ChunkSize int
 	// OnRRefDropped is called when an RRef this worker owns is referenced nowhere any more,
 	// so its value can be dropped. It must not block.
@@ -124,7 +124,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		ready:     make(chan struct{}),
 
 		maxMessageSize: cmp.Or(cfg.MaxMessageSize, DefaultMaxMessageSize),
-		chunkSize:      cmp.Or(cfg.ChunkSize, DefaultChunkSize),
+		chunkSize:      min(cmp.Or(cfg.ChunkSize, DefaultChunkSize), maxFrameBytes/2),
 
 		refs:          newRefTable(),
 		onRRefDropped: cfg.OnRRefDropped,
@@ -377,6 +377,7 @@ func (a *Agent) serveStream(s Stream) {
 		return out.sent
 	}
 	incoming := newReassembler(a.maxMessageSize)
+	incoming.attach(s)
 	defer incoming.close()
 	for {
 		fr, err := s.Recv()

@@ -34,10 +34,8 @@ const (
 	StatusTooLarge
 )
 
-// Frame is the unit on the wire. It is encoded as a msgpack array to keep small calls small.
+// Frame is the unit on the wire, encoded as a msgpack array (frame_codec.go).
 type Frame struct {
-	_msgpack struct{} `msgpack:",as_array"`
-
 	Kind FrameKind
 	ID   uint64
 	// Method names the handler (requests) or the caller's name (hello).
@@ -56,4 +54,9 @@ type Frame struct {
 	Sizes []int64
 	// Offset is where a chunk's bytes go in its message.
 	Offset int64
+
+	// chunkSink, set by a stream's reader before decoding, gives the memory a chunk's bytes
+	// go to; sunk says they went there.
+	chunkSink func(id uint64, offset int64, n int) []byte
+	sunk      bool
 }

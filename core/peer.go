@@ -123,6 +123,7 @@ func (c *peerConn) take(id uint64) *CallFuture {
 
 func (c *peerConn) readLoop() {
 	incoming := newReassembler(c.peer.agent.maxMessageSize)
+	incoming.attach(c.stream)
 	defer incoming.close()
 	for {
 		fr, err := c.stream.Recv()

@@ -65,6 +65,23 @@ func (r *reassembler) add(f *Frame) (*Frame, Message, error) {
 	return nil, Message{}, nil
 }
 
+// dest is the memory a chunk of message id at offset, n bytes long, belongs in, or nil if no
+// message being received has such a place. Stream decoders put chunks there directly.
+func (r *reassembler) dest(id uint64, offset int64, n int) []byte {
+	m := r.messages[id]
+	if m == nil || offset < 0 || offset+int64(n) > int64(len(m.buf)) {
+		return nil
+	}
+	return m.buf[offset : offset+int64(n)]
+}
+
+// attach lets s decode chunks straight into the messages being received, if it can.
+func (r *reassembler) attach(s Stream) {
+	if ss, ok := s.(sinkSetter); ok {
+		ss.setChunkSink(r.dest)
+	}
+}
+
 func (r *reassembler) chunk(f *Frame) (*Frame, Message, error) {
 	m := r.messages[f.ID]
 	if m == nil {
@@ -74,7 +91,9 @@ func (r *reassembler) chunk(f *Frame) (*Frame, Message, error) {
 	if f.Offset < 0 || end > int64(len(m.buf)) {
 		return nil, Message{}, fmt.Errorf("chunk of message %d at %d+%d lies outside its %d bytes", f.ID, f.Offset, len(f.Payload), len(m.buf))
 	}
-	copy(m.buf[f.Offset:end], f.Payload)
+	if !f.sunk {
+		copy(m.buf[f.Offset:end], f.Payload)
+	}
 	m.received += int64(len(f.Payload))
 	if m.received < int64(len(m.buf)) {
 		return nil, Message{}, nil

@@ -344,7 +344,8 @@ func (a *Agent) post(e *Event) {
 	}
 }
 
-// NextEvent returns the next event, or nil if none came within timeoutMs.
+// NextEvent returns the next event, or nil if none came within timeoutMs or the agent is
+// shut down and no event is queued.
 func (a *Agent) NextEvent(timeoutMs int) *Event {
 	select {
 	case e := <-a.events:
@@ -357,8 +358,9 @@ func (a *Agent) NextEvent(timeoutMs int) *Event {
 	case e := <-a.events:
 		return e
 	case <-t.C:
-		return nil
+	case <-a.shutdownDone:
 	}
+	return nil
 }
 
 // NewLocalID returns a number no other RRef or fork id made by this worker has; with this
@@ -465,7 +467,7 @@ func (h queueHandler) ServeRPC(call *core.ServerCall) {
 }
 
 // NextRequest returns the next request for Python to run, or nil if none came within
-// timeoutMs.
+// timeoutMs or the agent is shut down.
 func (a *Agent) NextRequest(timeoutMs int) *Request {
 	select {
 	case r := <-a.requests:
@@ -478,7 +480,18 @@ func (a *Agent) NextRequest(timeoutMs int) *Request {
 	case r := <-a.requests:
 		return r
 	case <-t.C:
-		return nil
+	case <-a.shutdownDone:
+	}
+	return nil
+}
+
+// Closed reports whether the agent's shutdown is complete.
+func (a *Agent) Closed() bool {
+	select {
+	case <-a.shutdownDone:
+		return true
+	default:
+		return false
 	}
 }
 

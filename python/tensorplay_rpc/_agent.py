@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ._boundary import SegmentTable, read_segments
@@ -23,6 +24,9 @@ from .worker_info import WorkerInfo
 logger = logging.getLogger(__name__)
 
 _SLICE_MS = int(WAIT_SLICE_S * 1000)
+# The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
+# shutdown, so they wait long: an idle worker then costs next to no CPU.
+_IDLE_WAIT_MS = 2000
 
 # Message kinds: the first item of every Python-level request.
 CALL = "call"  # (CALL, func, args, kwargs): run func, reply with its result
@@ -140,7 +144,6 @@ class PythonAgent:
         self._notify_ids = itertools.count(1)
         self._pending_lock = threading.Lock()
         self._pending: Dict[int, Future] = {}
-        self._stopping = threading.Event()
         self._threads = [
             threading.Thread(target=self._serve_loop, name=f"tensorplay-rpc-worker-{i}", daemon=True)
             for i in range(num_worker_threads)
@@ -203,12 +206,13 @@ class PythonAgent:
     def _event_loop(self) -> None:
         """Complete futures of calls made with notify, and drop values no one references."""
         while True:
-            event = self.native.NextEvent(_SLICE_MS)
+            event = self.native.NextEvent(_IDLE_WAIT_MS)
             if not event.Valid():
-                if self._stopping.is_set():
+                if self.native.Closed():
                     with self._pending_lock:
                         if not self._pending:
                             return
+                    time.sleep(WAIT_SLICE_S)  # completions of the last calls are on their way
                 continue
             if event.Kind() == _native.EventRRefDropped:
                 self.owner_table.drop((event.RRefCreator(), event.RRefLocal()))
@@ -222,10 +226,12 @@ class PythonAgent:
     # -- incoming calls -------------------------------------------------------------------
 
     def _serve_loop(self) -> None:
-        while not self._stopping.is_set():
-            request = self.native.NextRequest(_SLICE_MS)
+        while True:
+            request = self.native.NextRequest(_IDLE_WAIT_MS)
             if request.Valid():
                 self._serve(request)
+            elif self.native.Closed():
+                return
 
     def _serve(self, request) -> None:
         try:
@@ -313,7 +319,6 @@ class PythonAgent:
                 pass
         finally:
             self.running = False
-            self._stopping.set()
             self._completer.join(timeout=5)
             for t in self._threads:
                 t.join(timeout=WAIT_SLICE_S * 2)

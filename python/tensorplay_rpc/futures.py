@@ -36,8 +36,9 @@ class Future(Generic[T]):
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
-        if not self._done and self._pending_call is not None and self._pending_call.wait_slice(0):
-            self._pending_call.settle(self)
+        call = self._pending_call  # read once: another thread may complete the future meanwhile
+        if not self._done and call is not None and call.wait_slice(0):
+            call.settle(self)
         return self._done
 
     def wait(self) -> T:

@@ -1,0 +1,215 @@
+package core
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"google.golang.org/grpc/mem"
+)
+
+// frameFields is the length of the msgpack array a Frame is encoded as.
+const frameFields = 12
+
+// maxDecodedBytes bounds a byte string decoded into fresh memory: bigger data travels in
+// chunks, so a frame announcing more is hostile and is refused before anything is allocated.
+const maxDecodedBytes = 64 << 20
+
+// EncodeMsgpack writes f as a msgpack array. Written by hand: it is on every call's path, and
+// the decoder below must agree with it field by field.
+func (f *Frame) EncodeMsgpack(enc *msgpack.Encoder) error {
+	for _, err := range []error{
+		enc.EncodeArrayLen(frameFields),
+		enc.EncodeUint8(uint8(f.Kind)),
+		enc.EncodeUint64(f.ID),
+		enc.EncodeString(f.Method),
+		enc.EncodeInt64(f.TimeoutMs),
+		enc.EncodeInt(int64(f.CallerID)),
+		enc.EncodeUint8(uint8(f.Status)),
+		enc.EncodeString(f.Error),
+		enc.EncodeInt64(f.Offset),
+		enc.EncodeBytes(f.Payload),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	if err := enc.EncodeArrayLen(len(f.Buffers)); err != nil {
+		return err
+	}
+	for _, b := range f.Buffers {
+		if err := enc.EncodeBytes(b); err != nil {
+			return err
+		}
+	}
+	if err := enc.EncodeArrayLen(len(f.Refs)); err != nil {
+		return err
+	}
+	for i := range f.Refs {
+		if err := enc.Encode(&f.Refs[i]); err != nil {
+			return err
+		}
+	}
+	if err := enc.EncodeArrayLen(len(f.Sizes)); err != nil {
+		return err
+	}
+	for _, n := range f.Sizes {
+		if err := enc.EncodeInt64(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MarshalBuffers encodes a chunk frame with its bytes copied into pooled memory that gRPC
+// recycles once written: chunks are most of the bytes sent, and encoding them into fresh
+// slices would leave the garbage collector a message's worth of garbage per message.
+func (f *Frame) MarshalBuffers(pool mem.BufferPool) (mem.BufferSlice, bool, error) {
+	if f.Kind != FrameChunk || len(f.Buffers) > 0 || len(f.Refs) > 0 || len(f.Sizes) > 0 {
+		return nil, false, nil
+	}
+	var head bytes.Buffer
+	enc := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(enc)
+	enc.Reset(&head)
+	for _, err := range []error{
+		enc.EncodeArrayLen(frameFields),
+		enc.EncodeUint8(uint8(f.Kind)),
+		enc.EncodeUint64(f.ID),
+		enc.EncodeString(f.Method),
+		enc.EncodeInt64(f.TimeoutMs),
+		enc.EncodeInt(int64(f.CallerID)),
+		enc.EncodeUint8(uint8(f.Status)),
+		enc.EncodeString(f.Error),
+		enc.EncodeInt64(f.Offset),
+		enc.EncodeBytesLen(len(f.Payload)),
+	} {
+		if err != nil {
+			return nil, true, err
+		}
+	}
+	// The payload is followed by the empty buffers, refs and sizes arrays.
+	emptyArrays := mem.SliceBuffer{0x90, 0x90, 0x90}
+	return mem.BufferSlice{mem.SliceBuffer(head.Bytes()), mem.Copy(f.Payload, pool), emptyArrays}, true, nil
+}
+
+// DecodeMsgpack reads what EncodeMsgpack wrote. A chunk's bytes go straight to the place its
+// stream's reassembler gives (chunkSink), instead of through a fresh slice.
+func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n != frameFields {
+		return fmt.Errorf("frame has %d fields, want %d", n, frameFields)
+	}
+	var kind, status uint8
+	var callerID int
+	if kind, err = dec.DecodeUint8(); err != nil {
+		return err
+	}
+	f.Kind = FrameKind(kind)
+	if f.ID, err = dec.DecodeUint64(); err != nil {
+		return err
+	}
+	if f.Method, err = dec.DecodeString(); err != nil {
+		return err
+	}
+	if f.TimeoutMs, err = dec.DecodeInt64(); err != nil {
+		return err
+	}
+	if callerID, err = dec.DecodeInt(); err != nil {
+		return err
+	}
+	f.CallerID = callerID
+	if status, err = dec.DecodeUint8(); err != nil {
+		return err
+	}
+	f.Status = Status(status)
+	if f.Error, err = dec.DecodeString(); err != nil {
+		return err
+	}
+	if f.Offset, err = dec.DecodeInt64(); err != nil {
+		return err
+	}
+	if f.Payload, err = f.decodePayload(dec); err != nil {
+		return err
+	}
+	if n, err = decodeLen(dec, "buffers", maxBuffersPerMessage); err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		b, err := decodeBytes(dec)
+		if err != nil {
+			return err
+		}
+		f.Buffers = append(f.Buffers, b)
+	}
+	if n, err = decodeLen(dec, "refs", maxBuffersPerMessage); err != nil {
+		return err
+	}
+	if n > 0 {
+		f.Refs = make([]RefOp, n)
+		for i := range f.Refs {
+			if err := dec.Decode(&f.Refs[i]); err != nil {
+				return err
+			}
+		}
+	}
+	if n, err = decodeLen(dec, "sizes", maxBuffersPerMessage); err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		size, err := dec.DecodeInt64()
+		if err != nil {
+			return err
+		}
+		f.Sizes = append(f.Sizes, size)
+	}
+	return nil
+}
+
+func (f *Frame) decodePayload(dec *msgpack.Decoder) ([]byte, error) {
+	if f.Kind != FrameChunk || f.chunkSink == nil {
+		return decodeBytes(dec)
+	}
+	n, err := dec.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	dst := f.chunkSink(f.ID, f.Offset, n)
+	if dst == nil {
+		return nil, fmt.Errorf("chunk of message %d at %d+%d does not fit a message being received", f.ID, f.Offset, n)
+	}
+	if err := dec.ReadFull(dst); err != nil {
+		return nil, err
+	}
+	f.sunk = true
+	return dst, nil
+}
+
+func decodeLen(dec *msgpack.Decoder, what string, limit int) (int, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return 0, err
+	}
+	if n > limit {
+		return 0, fmt.Errorf("frame announces %d %s, more than %d", n, what, limit)
+	}
+	return max(n, 0), nil
+}
+
+func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	if n > maxDecodedBytes {
+		return nil, fmt.Errorf("frame announces a %d-byte field, more than %d", n, maxDecodedBytes)
+	}
+	b := make([]byte, n)
+	if err := dec.ReadFull(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}

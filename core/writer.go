@@ -17,6 +17,11 @@ type frameWriter struct {
 	small []*outMessage
 	large []*outMessage
 	err   error
+
+	// sendMu is held around every Stream.Send. A small frame that finds the writer idle is
+	// sent by the calling goroutine itself: a hand-off to the writer goroutine costs a
+	// thread wake-up (measured: 20-40 us of a 500 us small call on a 2-core VM).
+	sendMu sync.Mutex
 }
 
 // outMessage is a queued frame and, for a big message, the data it sends in chunks.
@@ -50,6 +55,20 @@ func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
 	size := int64(msg.Size())
 	if size < int64(w.chunkSize) {
 		f.Payload, f.Buffers = msg.Payload, msg.Buffers
+		if len(w.small) == 0 && w.sendMu.TryLock() {
+			w.mu.Unlock()
+			err := w.stream.Send(f)
+			w.sendMu.Unlock()
+			w.mu.Lock()
+			if err != nil {
+				if w.err == nil {
+					w.err = err
+				}
+				w.kick()
+				return nil, err
+			}
+			return &outMessage{header: f, sent: closedChan}, nil
+		}
 		m := &outMessage{header: f, sent: make(chan struct{})}
 		w.small = append(w.small, m)
 		w.kick()
@@ -171,7 +190,10 @@ func (w *frameWriter) run() {
 			<-w.wake
 			continue
 		}
-		if err := w.stream.Send(f); err != nil {
+		w.sendMu.Lock()
+		err = w.stream.Send(f)
+		w.sendMu.Unlock()
+		if err != nil {
 			w.close(err)
 			if m != nil && done {
 				close(m.sent)

@@ -19,7 +19,6 @@ if SYSTEM == "torch":
     import torch.distributed.rpc as rpc
 else:
     import tensorplay_rpc as rpc
-import torch  # noqa: E402  (tensor payloads, for both systems)
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])

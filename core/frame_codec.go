@@ -18,21 +18,11 @@ const maxDecodedBytes = 64 << 20
 // EncodeMsgpack writes f as a msgpack array. Written by hand: it is on every call's path, and
 // the decoder below must agree with it field by field.
 func (f *Frame) EncodeMsgpack(enc *msgpack.Encoder) error {
-	for _, err := range []error{
-		enc.EncodeArrayLen(frameFields),
-		enc.EncodeUint8(uint8(f.Kind)),
-		enc.EncodeUint64(f.ID),
-		enc.EncodeString(f.Method),
-		enc.EncodeInt64(f.TimeoutMs),
-		enc.EncodeInt(int64(f.CallerID)),
-		enc.EncodeUint8(uint8(f.Status)),
-		enc.EncodeString(f.Error),
-		enc.EncodeInt64(f.Offset),
-		enc.EncodeBytes(f.Payload),
-	} {
-		if err != nil {
-			return err
-		}
+	if err := f.encodeHead(enc); err != nil {
+		return err
+	}
+	if err := enc.EncodeBytes(f.Payload); err != nil {
+		return err
 	}
 	if err := enc.EncodeArrayLen(len(f.Buffers)); err != nil {
 		return err
@@ -61,6 +51,26 @@ func (f *Frame) EncodeMsgpack(enc *msgpack.Encoder) error {
 	return nil
 }
 
+// encodeHead writes the array header and the fields before the payload.
+func (f *Frame) encodeHead(enc *msgpack.Encoder) error {
+	for _, err := range []error{
+		enc.EncodeArrayLen(frameFields),
+		enc.EncodeUint8(uint8(f.Kind)),
+		enc.EncodeUint64(f.ID),
+		enc.EncodeString(f.Method),
+		enc.EncodeInt64(f.TimeoutMs),
+		enc.EncodeInt(int64(f.CallerID)),
+		enc.EncodeUint8(uint8(f.Status)),
+		enc.EncodeString(f.Error),
+		enc.EncodeInt64(f.Offset),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // MarshalBuffers encodes a chunk frame with its bytes copied into pooled memory that gRPC
 // recycles once written: chunks are most of the bytes sent, and encoding them into fresh
 // slices would leave the garbage collector a message's worth of garbage per message.
@@ -72,21 +82,11 @@ func (f *Frame) MarshalBuffers(pool mem.BufferPool) (mem.BufferSlice, bool, erro
 	enc := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(enc)
 	enc.Reset(&head)
-	for _, err := range []error{
-		enc.EncodeArrayLen(frameFields),
-		enc.EncodeUint8(uint8(f.Kind)),
-		enc.EncodeUint64(f.ID),
-		enc.EncodeString(f.Method),
-		enc.EncodeInt64(f.TimeoutMs),
-		enc.EncodeInt(int64(f.CallerID)),
-		enc.EncodeUint8(uint8(f.Status)),
-		enc.EncodeString(f.Error),
-		enc.EncodeInt64(f.Offset),
-		enc.EncodeBytesLen(len(f.Payload)),
-	} {
-		if err != nil {
-			return nil, true, err
-		}
+	if err := f.encodeHead(enc); err != nil {
+		return nil, true, err
+	}
+	if err := enc.EncodeBytesLen(len(f.Payload)); err != nil {
+		return nil, true, err
 	}
 	// The payload is followed by the empty buffers, refs and sizes arrays.
 	emptyArrays := mem.SliceBuffer{0x90, 0x90, 0x90}

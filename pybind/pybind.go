@@ -347,20 +347,7 @@ func (a *Agent) post(e *Event) {
 // NextEvent returns the next event, or nil if none came within timeoutMs or the agent is
 // shut down and no event is queued.
 func (a *Agent) NextEvent(timeoutMs int) *Event {
-	select {
-	case e := <-a.events:
-		return e
-	default:
-	}
-	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
-	defer t.Stop()
-	select {
-	case e := <-a.events:
-		return e
-	case <-t.C:
-	case <-a.shutdownDone:
-	}
-	return nil
+	return receive(a.events, timeoutMs, a.shutdownDone)
 }
 
 // NewLocalID returns a number no other RRef or fork id made by this worker has; with this
@@ -469,18 +456,24 @@ func (h queueHandler) ServeRPC(call *core.ServerCall) {
 // NextRequest returns the next request for Python to run, or nil if none came within
 // timeoutMs or the agent is shut down.
 func (a *Agent) NextRequest(timeoutMs int) *Request {
+	return receive(a.requests, timeoutMs, a.shutdownDone)
+}
+
+// receive takes the next item of ch, waiting at most timeoutMs and not past closed; it
+// returns nil if none came.
+func receive[T any](ch <-chan *T, timeoutMs int, closed <-chan struct{}) *T {
 	select {
-	case r := <-a.requests:
-		return r
+	case v := <-ch:
+		return v
 	default:
 	}
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
 	select {
-	case r := <-a.requests:
-		return r
+	case v := <-ch:
+		return v
 	case <-t.C:
-	case <-a.shutdownDone:
+	case <-closed:
 	}
 	return nil
 }

@@ -1,6 +1,5 @@
 """init_rpc and shutdown: the world forming, failing to form, and ending."""
 
-import os
 import time
 
 import pytest

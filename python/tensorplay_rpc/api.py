@@ -13,7 +13,7 @@ from . import backend_registry, constants
 from ._agent import CALL, REMOTE, PythonAgent, current_agent, install_agent, require_agent
 from .backend_registry import BackendType
 from .futures import Future
-from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
+from .options import RpcBackendOptions
 from .rref import RRef, _make_rref
 from .worker_info import WorkerInfo
 

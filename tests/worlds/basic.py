@@ -6,7 +6,7 @@ import time
 
 import tensorplay_rpc as rpc
 
-from .common import CustomError, add, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
+from .common import add, error_of, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
 
 
 def all_to_all(rank, world_size):
@@ -43,30 +43,22 @@ def worker_infos(rank, world_size):
     return out
 
 
-def _error(fn):
-    try:
-        fn()
-    except BaseException as exc:  # noqa: B902 - the test inspects whatever was raised
-        return type(exc), str(exc)
-    return None, None
-
-
 def errors(rank, world_size):
     init(rank, world_size)
     out = {}
     if rank == 0:
-        out["value_error"] = _error(lambda: rpc.rpc_sync("worker1", raise_value_error, args=("bad value 17",)))
-        out["value_error_async"] = _error(lambda: rpc.rpc_async("worker1", raise_value_error, args=("async 18",)).wait())
-        out["custom"] = _error(lambda: rpc.rpc_sync("worker1", raise_custom))
-        out["bad_args"] = _error(lambda: rpc.rpc_sync("worker1", add, args=(1,)))
-        out["unknown_name"] = _error(lambda: rpc.rpc_sync("nobody", add, args=(1, 2)))
-        out["unknown_id"] = _error(lambda: rpc.rpc_sync(7, add, args=(1, 2)))
-        out["unknown_info"] = _error(lambda: rpc.rpc_sync(rpc.WorkerInfo("ghost", 1), add, args=(1, 2)))
-        out["unknown_info_lookup"] = _error(lambda: rpc.get_worker_info("nobody"))
-        out["not_callable"] = _error(lambda: rpc.rpc_sync("worker1", 42))
-        out["bad_to"] = _error(lambda: rpc.rpc_sync(3.5, add, args=(1, 2)))
-        out["unpicklable_arg"] = _error(lambda: rpc.rpc_sync("worker1", add, args=(threading.Lock(), 1)))
-        out["second_init"] = _error(lambda: init(rank, world_size))
+        out["value_error"] = error_of(lambda: rpc.rpc_sync("worker1", raise_value_error, args=("bad value 17",)))
+        out["value_error_async"] = error_of(lambda: rpc.rpc_async("worker1", raise_value_error, args=("async 18",)).wait())
+        out["custom"] = error_of(lambda: rpc.rpc_sync("worker1", raise_custom))
+        out["bad_args"] = error_of(lambda: rpc.rpc_sync("worker1", add, args=(1,)))
+        out["unknown_name"] = error_of(lambda: rpc.rpc_sync("nobody", add, args=(1, 2)))
+        out["unknown_id"] = error_of(lambda: rpc.rpc_sync(7, add, args=(1, 2)))
+        out["unknown_info"] = error_of(lambda: rpc.rpc_sync(rpc.WorkerInfo("ghost", 1), add, args=(1, 2)))
+        out["unknown_info_lookup"] = error_of(lambda: rpc.get_worker_info("nobody"))
+        out["not_callable"] = error_of(lambda: rpc.rpc_sync("worker1", 42))
+        out["bad_to"] = error_of(lambda: rpc.rpc_sync(3.5, add, args=(1, 2)))
+        out["unpicklable_arg"] = error_of(lambda: rpc.rpc_sync("worker1", add, args=(threading.Lock(), 1)))
+        out["second_init"] = error_of(lambda: init(rank, world_size))
         out["still_serving"] = rpc.rpc_sync("worker1", add, args=(1, 2))
     rpc.shutdown()
     return out
@@ -79,7 +71,7 @@ def timeouts(rank, world_size):
 
         def timed(fn):
             start = time.monotonic()
-            err = _error(fn)
+            err = error_of(fn)
             return err, time.monotonic() - start
 
         out["explicit"] = timed(lambda: rpc.rpc_sync("worker1", slow, args=(5,), timeout=0.3))
@@ -141,8 +133,8 @@ def graceful_shutdown(rank, world_size):
         start = time.monotonic()
         rpc.shutdown()
         out["waited"] = time.monotonic() - start
-    out["after"] = _error(lambda: rpc.rpc_sync("worker0", add, args=(1, 2)))
-    out["second_shutdown"] = _error(rpc.shutdown)
+    out["after"] = error_of(lambda: rpc.rpc_sync("worker0", add, args=(1, 2)))
+    out["second_shutdown"] = error_of(rpc.shutdown)
     return out
 
 
@@ -169,4 +161,4 @@ def non_graceful(rank, world_size):
     start = time.monotonic()
     rpc.shutdown(graceful=False)
     took = time.monotonic() - start
-    return took, _error(fut.wait)
+    return took, error_of(fut.wait)

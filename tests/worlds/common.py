@@ -71,3 +71,22 @@ def wait_done(timeout):
     """Block until another worker calls set_done (bounded)."""
     if not _done.wait(timeout):
         raise TimeoutError("nobody called set_done")
+
+
+def error_of(fn):
+    """Call fn; return the type and message of what it raised, or (None, None)."""
+    try:
+        fn()
+    except BaseException as exc:  # noqa: B902 - the tests inspect whatever was raised
+        return type(exc), str(exc)
+    return None, None
+
+
+def wait_until(cond, timeout=20):
+    """Poll cond until it holds (True) or timeout seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

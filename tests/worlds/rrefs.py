@@ -8,7 +8,7 @@ import time
 import tensorplay_rpc as rpc
 from tensorplay_rpc import api as rpc_api
 
-from .common import add, init, raise_value_error, set_done, wait_done
+from .common import add, error_of, init, raise_value_error, wait_until
 
 
 class Counter:
@@ -37,23 +37,6 @@ class Counter:
         return rpc.rpc_async(to, add, args=(by, 0)).then(lambda f: self.increment(f.wait()))
 
 
-def _error(fn):
-    try:
-        fn()
-    except BaseException as exc:  # noqa: B902 - the test inspects whatever was raised
-        return type(exc), str(exc)
-    return None, None
-
-
-def _wait_until(cond, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def remote_basics(rank, world_size):
     init(rank, world_size)
     out = {}
@@ -61,8 +44,8 @@ def remote_basics(rank, world_size):
         rref = rpc.remote("worker1", add, args=(2, 3))
         out["to_here"] = rref.to_here()
         out["owner"] = (rref.owner(), rref.owner_name(), rref.is_owner())
-        out["confirmed"] = _wait_until(rref.confirmed_by_owner)
-        out["local_value_elsewhere"] = _error(rref.local_value)
+        out["confirmed"] = wait_until(rref.confirmed_by_owner)
+        out["local_value_elsewhere"] = error_of(rref.local_value)
         counter = rpc.remote("worker1", Counter, kwargs={"start": 10})
         out["proxy_sync"] = counter.rpc_sync().increment(5)
         out["proxy_async"] = counter.rpc_async().increment(1).wait()
@@ -74,12 +57,12 @@ def remote_basics(rank, world_size):
         to_self = rpc.remote("worker0", add, args=("a", "b"))
         out["to_self"] = (to_self.is_owner(), to_self.to_here(), to_self.local_value())
         failed = rpc.remote("worker1", raise_value_error, args=("creation failed 99",))
-        out["creation_error_to_here"] = _error(failed.to_here)
-        out["creation_error_proxy"] = _error(lambda: failed.rpc_sync().anything())
-        out["creation_error_timeout"] = _error(lambda: rpc.remote("worker1", time.sleep, args=(3,), timeout=0.3).to_here())
-        out["pickle_outside_rpc"] = _error(lambda: __import__("pickle").dumps(rref))
+        out["creation_error_to_here"] = error_of(failed.to_here)
+        out["creation_error_proxy"] = error_of(lambda: failed.rpc_sync().anything())
+        out["creation_error_timeout"] = error_of(lambda: rpc.remote("worker1", time.sleep, args=(3,), timeout=0.3).to_here())
+        out["pickle_outside_rpc"] = error_of(lambda: __import__("pickle").dumps(rref))
         out["repr"] = repr(rref)
-        out["unknown"] = _error(lambda: rpc.remote("nobody", add, args=(1, 2)))
+        out["unknown"] = error_of(lambda: rpc.remote("nobody", add, args=(1, 2)))
     rpc.shutdown()
     return out
 
@@ -128,8 +111,8 @@ def forks(rank, world_size):
         out["owned_by_2"] = (owned_by_2.owner_name(), owned_by_2.to_here())
         del owned_by_2
         gc.collect()
-        out["tables_1"] = _wait_until(lambda: rpc.rpc_sync("worker1", rpc_api._owned_rref_count) == (0, 0))
-        out["tables_2"] = _wait_until(lambda: rpc.rpc_sync("worker2", rpc_api._owned_rref_count) == (0, 0))
+        out["tables_1"] = wait_until(lambda: rpc.rpc_sync("worker1", rpc_api._owned_rref_count) == (0, 0))
+        out["tables_2"] = wait_until(lambda: rpc.rpc_sync("worker2", rpc_api._owned_rref_count) == (0, 0))
     rpc.shutdown()
     return out
 
@@ -150,7 +133,7 @@ def refcount_cycles(rank, world_size, cycles):
                 rpc.rpc_sync("worker1", gc.collect)
                 rss.append(rpc.rpc_sync("worker1", _rss_kib))
         gc.collect()
-        out["emptied"] = _wait_until(lambda: rpc.rpc_sync("worker1", rpc_api._owned_rref_count) == (0, 0), timeout=60)
+        out["emptied"] = wait_until(lambda: rpc.rpc_sync("worker1", rpc_api._owned_rref_count) == (0, 0), timeout=60)
         out["tables"] = rpc.rpc_sync("worker1", rpc_api._owned_rref_count)
         out["rss_kib"] = rss
     rpc.shutdown()
@@ -223,7 +206,7 @@ def async_execution(rank, world_size):
         out["static"] = rpc.rpc_sync("worker1", AsyncOps.static_add, args=("worker2", 7, 8))
         out["static_remote"] = rpc.remote("worker1", AsyncOps.static_add, args=("worker2", 1, 8)).to_here()
         out["class"] = rpc.rpc_async("worker1", AsyncOps.class_add, args=("worker2", 9, 10)).wait()
-        out["fails"] = _error(lambda: rpc.rpc_sync("worker1", async_fails))
+        out["fails"] = error_of(lambda: rpc.rpc_sync("worker1", async_fails))
         parked = rpc.rpc_async("worker1", park)
         time.sleep(0.3)
         # worker1 has one thread; unpark can only run if park does not hold it.
@@ -247,7 +230,7 @@ def futures_and_gather(rank, world_size):
     time.sleep(0.05)
     out["order"] = order
     failing = rpc.rpc_async(f"worker{(rank + 1) % world_size}", add, args=(1, 1)).then(lambda f: 1 / 0)
-    out["then_error"] = _error(failing.wait)
+    out["then_error"] = error_of(failing.wait)
     futs = [rpc.rpc_async(f"worker{i}", add, args=(i, 100)) for i in range(world_size)]
     out["collect_all"] = [f.value() for f in rpc.collect_all(futs).wait()]
     out["wait_all"] = rpc.wait_all([rpc.rpc_async(f"worker{i}", add, args=(i, 1)) for i in range(world_size)])
@@ -268,8 +251,8 @@ def shutdown_with_rrefs(rank, world_size):
     held = []
     if rank == 0:
         held = [rpc.remote("worker1", Counter, args=(i,)) for i in range(50)]
-        dropped = [rpc.remote("worker1", Counter, args=(i,)) for i in range(50)]
-        del dropped
+        for i in range(50):
+            rpc.remote("worker1", Counter, args=(i,))  # dropped at once: releases in flight
     start = time.monotonic()
     rpc.shutdown()
     return len(held), time.monotonic() - start
@@ -293,7 +276,7 @@ def custom_backend(rank, world_size):
 
     backend = rpc.register_backend("CUSTOM", construct, start)
     out = {"member": (repr(backend), rpc.BackendType.CUSTOM is backend, rpc.backend_registered("CUSTOM"))}
-    out["duplicate"] = _error(lambda: rpc.register_backend("CUSTOM", construct, start))
+    out["duplicate"] = error_of(lambda: rpc.register_backend("CUSTOM", construct, start))
     rpc.init_rpc(f"worker{rank}", backend=backend, rank=rank, world_size=world_size)
     out["call"] = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
     rpc.shutdown()

@@ -101,3 +101,12 @@ def idle_cpu_percent(seconds=5.0):
     before, t0 = cpu_seconds(), time.perf_counter()
     time.sleep(seconds)
     return (cpu_seconds() - before) / (time.perf_counter() - t0) * 100
+
+
+# When the callee's Python thread picked up the request being timed (phases.py).
+PICKED_AT = [0.0]
+
+
+def stamps():
+    """Runs on the callee: when it picked the request up, and now."""
+    return PICKED_AT[0], time.perf_counter()

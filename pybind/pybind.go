@@ -205,17 +205,64 @@ type Agent struct {
 	shutdownOnce sync.Once
 }
 
-// Start joins the world; it blocks until every worker has joined or initTimeoutMs passes.
-// maxMessageSize bounds each message sent or received (0: the default).
-func Start(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64) (a *Agent, err error) {
-	defer recovered(&err)
-	a = &Agent{
+// Starter is a join of the world under way (BeginStart).
+type Starter struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	agent  *Agent
+	err    error
+}
+
+// BeginStart starts joining the world and returns at once; Wait reports when the join is
+// over, Agent returns its outcome, and Cancel abandons it (as on Ctrl-C). maxMessageSize
+// bounds each message sent or received (0: the default).
+func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64) *Starter {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Starter{done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(s.done)
+		defer recovered(&s.err)
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize)
+	}()
+	return s
+}
+
+// Wait waits up to timeoutMs for the join; it reports whether it is over.
+func (s *Starter) Wait(timeoutMs int) bool {
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-s.done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// Cancel abandons the join: it fails with a cancellation error and releases what it held.
+func (s *Starter) Cancel() {
+	s.cancel()
+	<-s.done
+	if s.agent != nil {
+		s.agent.agent.Shutdown(context.Background(), false)
+		s.agent, s.err = nil, context.Canceled
+	}
+}
+
+// Agent waits for the join and returns the agent, or why the world could not be joined.
+func (s *Starter) Agent() (*Agent, error) {
+	<-s.done
+	return s.agent, s.err
+}
+
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64) (*Agent, error) {
+	a := &Agent{
 		requests:     make(chan *Request, 1<<16),
 		events:       make(chan *Event, 1<<16),
 		lent:         map[int64]core.Message{},
 		shutdownDone: make(chan struct{}),
 	}
-	ag, err := core.Start(context.Background(), core.Config{
+	ag, err := core.Start(ctx, core.Config{
 		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
 		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
 		MaxMessageSize: maxMessageSize,

@@ -317,8 +317,11 @@ class PythonAgent:
         try:
             while not self.native.WaitShutdown(_SLICE_MS):
                 pass
-        finally:
+        except BaseException:
+            # Ctrl-C: Go finishes closing on its own; the threads are daemons and end with it.
             self.running = False
-            self._completer.join(timeout=5)
-            for t in self._threads:
-                t.join(timeout=WAIT_SLICE_S * 2)
+            raise
+        self.running = False
+        self._completer.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=WAIT_SLICE_S * 2)

@@ -38,6 +38,7 @@ def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: in
     ``file:///path``). Returns the agent, not yet serving."""
     from ._agent import PythonAgent
     from ._native import pybind as _native
+    from .futures import WAIT_SLICE_S
     from .options import TensorPipeRpcBackendOptions
 
     if not isinstance(rpc_backend_options, TensorPipeRpcBackendOptions):
@@ -47,10 +48,17 @@ def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: in
     rpc_backend_options._check_devices()
     timeout = rpc_backend_options.rpc_timeout
     init_timeout = timeout if timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
-    native = _native.Start(
+    starter = _native.BeginStart(
         name, rank, world_size, store, int(init_timeout * 1000), rpc_backend_options.max_message_size
     )
-    return PythonAgent(native, rpc_backend_options.num_worker_threads, timeout)
+    try:
+        # In slices, so Ctrl-C stops a join that waits on a missing worker.
+        while not starter.Wait(int(WAIT_SLICE_S * 1000)):
+            pass
+    except BaseException:
+        starter.Cancel()
+        raise
+    return PythonAgent(starter.Agent(), rpc_backend_options.num_worker_threads, timeout)
 
 
 class BackendType(enum.Enum):

@@ -97,6 +97,9 @@ type Agent struct {
 	serveCtx      context.Context
 	stopServing   context.CancelFunc
 	shutdown      sync.Once
+
+	goneMu sync.Mutex
+	gone   []WorkerInfo // found gone while shutting down
 }
 
 // Start joins the world described by cfg and returns once every worker knows every other.
@@ -469,11 +472,90 @@ func (a *Agent) drain(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
 	}
-	_, err := a.store.Gather(ctx, GatherRequest{Round: "shutdown", Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name), WaitMs: wait.Milliseconds()})
+	if mem, ok := a.store.(*MemStore); ok {
+		// This worker hosts the store: while the barrier waits, it looks for workers that are
+		// gone, so the others do not wait for them forever.
+		stop := a.watchForGone(mem, shutdownRound)
+		defer stop()
+	}
+	values, err := a.store.Gather(ctx, GatherRequest{
+		Round: shutdownRound, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
+		Value: []byte{1}, WaitMs: wait.Milliseconds(), FailFast: true,
+	})
+	if errors.Is(err, ErrPeerLost) {
+		a.noteGone(0, "it hosted the rendezvous store; leaving without the shutdown barrier")
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("graceful shutdown barrier: %w", err)
 	}
+	for rank, v := range values {
+		if v == nil {
+			a.noteGone(rank, "graceful shutdown did not wait for it")
+		}
+	}
 	return nil
+}
+
+const (
+	shutdownRound = "shutdown"
+	// goneProbeEvery is how often the store's host looks for gone workers during a barrier.
+	goneProbeEvery = 300 * time.Millisecond
+)
+
+// watchForGone marks workers whose agents no longer answer as gone in round, until stopped.
+func (a *Agent) watchForGone(store *MemStore, round string) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(goneProbeEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			for _, w := range a.workers {
+				if w.ID != a.self.ID && !a.answers(w) {
+					store.MarkGone(round, w.ID)
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// answers reports whether worker's agent accepts a connection.
+func (a *Agent) answers(w WorkerInfo) bool {
+	ctx, cancel := context.WithTimeout(a.serveCtx, time.Second)
+	defer cancel()
+	s, err := a.transport.Dial(ctx, w.Addr)
+	if err != nil {
+		return false
+	}
+	s.Close()
+	return true
+}
+
+// noteGone records and logs that worker rank is gone.
+func (a *Agent) noteGone(rank int, why string) {
+	a.goneMu.Lock()
+	defer a.goneMu.Unlock()
+	for _, g := range a.gone {
+		if g.ID == rank {
+			return
+		}
+	}
+	w := a.workers[rank]
+	a.gone = append(a.gone, w)
+	a.log.Warn(fmt.Sprintf("tensorplay-rpc: worker %q is gone: %s", w.Name, why), "worker", a.self.Name)
+}
+
+// Gone lists the workers this one found gone while shutting down.
+func (a *Agent) Gone() []WorkerInfo {
+	a.goneMu.Lock()
+	defer a.goneMu.Unlock()
+	return append([]WorkerInfo(nil), a.gone...)
 }
 
 // close stops serving and fails whatever is still pending.

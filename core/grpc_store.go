@@ -99,7 +99,7 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 		defer cancel()
 	}
 	var reply gatherReply
-	err := s.cc.Invoke(ctx, storeGatherPath, &req, &reply, grpc.WaitForReady(true))
+	err := s.cc.Invoke(ctx, storeGatherPath, &req, &reply, grpc.WaitForReady(!req.FailFast))
 	if err == nil {
 		return reply.Values, nil
 	}
@@ -107,6 +107,8 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 	switch {
 	case st.Code() == codes.FailedPrecondition:
 		return nil, errors.New(st.Message())
+	case req.FailFast && st.Code() == codes.Unavailable:
+		return nil, fmt.Errorf("%w: round %q: the rendezvous store at %s is gone: %s", ErrPeerLost, req.Round, s.addr, st.Message())
 	case st.Code() == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
 		return nil, fmt.Errorf("round %q: could not reach the rendezvous store at %s in time (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): %s", req.Round, s.addr, st.Message())
 	default:

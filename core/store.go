@@ -28,6 +28,9 @@ type GatherRequest struct {
 	Value []byte `msgpack:"value"`
 	// WaitMs bounds how long the store waits for the rest of the round.
 	WaitMs int64 `msgpack:"wait_ms"`
+	// FailFast makes a remote store's client give up at once if the store cannot be reached,
+	// instead of retrying until the deadline (a store that is gone will not come back).
+	FailFast bool `msgpack:"-"`
 }
 
 func (r GatherRequest) validate() error {

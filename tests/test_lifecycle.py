@@ -140,3 +140,22 @@ def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path):
     assert out["new_call"] is not None and '"worker1"' in out["new_call"]
     assert out["survivor"] == 4
     assert results[2].returncode == 0, results[2].output
+    assert out["shutdown_took"] < 10
+    for r in (results[0], results[2]):
+        assert 'worker "worker1" is gone' in r.output, r.output
+
+
+def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):
+    w = world("faults:store_host_dies", 3, args=[str(tmp_path)])
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ready{r}").exists() for r in range(3)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.kill(0)
+    w.procs[0].wait(timeout=10)
+    (tmp_path / "killed").write_text("killed")
+    results = w.finish(timeout=30)
+    for r in results[1:]:
+        assert r.returncode == 0, r.output
+        got, took = r.value
+        assert got == r.rank + 1 and took < 10
+        assert 'worker "worker0" is gone' in r.output, r.output

@@ -66,13 +66,14 @@ def peer_dies(rank, world_size, ready_file):
             out["new_call"] = str(exc)
         out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
         rpc.rpc_sync("worker2", set_done)
-        rpc.shutdown(graceful=False)
+        start = time.monotonic()
+        rpc.shutdown()  # graceful: must not wait for the dead worker
+        out["shutdown_took"] = time.monotonic() - start
     elif rank == 1:
         time.sleep(120)  # killed by the test long before this
     else:
         wait_done(60)
-        time.sleep(1)  # let the reply to set_done leave before the non-graceful shutdown
-        rpc.shutdown(graceful=False)
+        rpc.shutdown()
     return out
 
 
@@ -83,3 +84,29 @@ def missing_master_addr(rank, world_size):
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def store_host_dies(rank, world_size, ready_dir):
+    """The test kills worker0 (the store's host); the others still shut down gracefully."""
+    init(rank, world_size)
+    with open(os.path.join(ready_dir, f"ready{rank}"), "w") as f:
+        f.write("ready")
+    if rank == 0:
+        time.sleep(120)  # killed by the test long before this
+        return None
+    killed = os.path.join(ready_dir, "killed")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    other = "worker2" if rank == 1 else "worker1"
+    got = rpc.rpc_sync(other, add, args=(rank, 1))
+    # With no store there is no barrier: the survivors wait for each other's call by hand.
+    with open(os.path.join(ready_dir, f"called{rank}"), "w") as f:
+        f.write("called")
+    while not all(os.path.exists(os.path.join(ready_dir, f"called{r}")) for r in (1, 2)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other survivor never made its call")
+        time.sleep(0.02)
+    start = time.monotonic()
+    rpc.shutdown()
+    return got, time.monotonic() - start

@@ -1,0 +1,67 @@
+// Package faults drives test worlds through failures: workers that vanish mid-run.
+package faults
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+)
+
+var echo = map[string]core.Handler{
+	"echo": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) { return req, nil }),
+}
+
+// TestSurvivorsShutDownGracefully: a worker vanishes (its agent closes without the barrier);
+// the others' graceful shutdown completes, naming it, instead of waiting for it.
+func TestSurvivorsShutDownGracefully(t *testing.T) {
+	tests := []struct {
+		name string
+		gone int
+	}{
+		{name: "a worker", gone: 1},
+		{name: "the store's host", gone: 0},
+	}
+	for _, tt := range tests {
+		for _, grpc := range []bool{false, true} {
+			t.Run(tt.name+map[bool]string{false: "/inmem", true: "/grpc"}[grpc], func(t *testing.T) {
+				c := coretest.New(t, 3, coretest.Options{GRPC: grpc, Handlers: echo})
+				for _, a := range c.Agents {
+					for _, w := range a.Workers() {
+						if _, err := a.Call(context.Background(), w.Name, "echo", core.Message{}); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				c.Agents[tt.gone].Shutdown(context.Background(), false)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				var wg sync.WaitGroup
+				for i, a := range c.Agents {
+					if i == tt.gone {
+						continue
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := a.Shutdown(ctx, true); err != nil {
+							t.Errorf("w%d: %v", i, err)
+						}
+						gone := a.Gone()
+						if len(gone) != 1 || gone[0].ID != tt.gone {
+							t.Errorf("w%d found %v gone, want only w%d", i, gone, tt.gone)
+						}
+					}()
+				}
+				wg.Wait()
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					t.Fatal("graceful shutdown waited for a worker that is gone")
+				}
+			})
+		}
+	}
+}

@@ -18,12 +18,13 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench clean
+.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench fuzz clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make bench  tensorplay_rpc vs torch.distributed.rpc vs raw TCP, in one run"
+	@echo "make fuzz   fuzz the frame decoder for 5 minutes"
 
 # Installs only what is missing, so a warm machine does no network work.
 deps:
@@ -76,6 +77,12 @@ vet: deps
 
 test-go: deps
 	go test -race -count=1 ./...
+	go test -run '^$$' -fuzz FuzzFrameDecode -fuzztime $(FUZZTIME) ./core
+
+# The frame decoder's fuzzing: briefly in `make test`, longer here.
+FUZZTIME ?= 10s
+fuzz:
+	$(MAKE) --no-print-directory test-go FUZZTIME=5m
 
 test-python: install
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider

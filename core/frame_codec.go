@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/grpc/mem"
@@ -14,6 +15,9 @@ const frameFields = 12
 // maxDecodedBytes bounds a byte string decoded into fresh memory: bigger data travels in
 // chunks, so a frame announcing more is hostile and is refused before anything is allocated.
 const maxDecodedBytes = 64 << 20
+
+// decodeStep is how much of a byte string is read, and allocated, at a time.
+const decodeStep = 1 << 20
 
 // EncodeMsgpack writes f as a msgpack array. Written by hand: it is on every call's path, and
 // the decoder below must agree with it field by field.
@@ -148,13 +152,12 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 	if n, err = decodeLen(dec, "refs", maxBuffersPerMessage); err != nil {
 		return err
 	}
-	if n > 0 {
-		f.Refs = make([]RefOp, n)
-		for i := range f.Refs {
-			if err := dec.Decode(&f.Refs[i]); err != nil {
-				return err
-			}
+	for i := 0; i < n; i++ {
+		var op RefOp
+		if err := dec.Decode(&op); err != nil {
+			return err
 		}
+		f.Refs = append(f.Refs, op)
 	}
 	if n, err = decodeLen(dec, "sizes", maxBuffersPerMessage); err != nil {
 		return err
@@ -207,9 +210,14 @@ func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {
 	if n > maxDecodedBytes {
 		return nil, fmt.Errorf("frame announces a %d-byte field, more than %d", n, maxDecodedBytes)
 	}
-	b := make([]byte, n)
-	if err := dec.ReadFull(b); err != nil {
-		return nil, err
+	// Grown as the bytes arrive, so a frame that claims more than it carries costs little.
+	b := make([]byte, 0, min(n, decodeStep))
+	for len(b) < n {
+		k := min(n-len(b), decodeStep)
+		b = slices.Grow(b, k)[:len(b)+k]
+		if err := dec.ReadFull(b[len(b)-k:]); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }

@@ -41,6 +41,9 @@ type Config struct {
 	ListenHost string
 	// Handlers are registered before the agent can receive its first call.
 	Handlers map[string]Handler
+	// Token, if set, is the world's shared secret: every connection to the store and to every
+	// worker must present it before anything it sends is decoded.
+	Token string
 	// Transport carries calls; nil means a new GRPCTransport.
 	Transport Transport
 	// Store is used instead of the one InitMethod names, e.g. a MemStore in tests.
@@ -137,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		a.log = slog.Default()
 	}
 	if a.transport == nil {
-		a.transport = NewGRPCTransport()
+		a.transport = NewGRPCTransport(cfg.Token)
 	}
 	for m, h := range cfg.Handlers {
 		a.handlers[m] = h
@@ -202,11 +205,11 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 	}
 	if cfg.Rank == 0 {
 		mem := NewMemStore()
-		if a.storeServer, err = ServeStore(addr, mem); err != nil {
+		if a.storeServer, err = ServeStore(addr, mem, cfg.Token); err != nil {
 			return "", fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
 		}
 		a.store = mem
-	} else if a.store, err = DialStore(addr); err != nil {
+	} else if a.store, err = DialStore(addr, cfg.Token); err != nil {
 		return "", err
 	}
 	if host == "" {

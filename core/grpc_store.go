@@ -25,19 +25,23 @@ type gatherReply struct {
 	Values [][]byte `msgpack:"values"`
 }
 
-// ServeStore serves store on addr ("host:port") over gRPC until the returned server is closed.
-func ServeStore(addr string, store *MemStore) (*StoreServer, error) {
+// ServeStore serves store on addr ("host:port") over gRPC until the returned server is
+// closed; a non-empty token is required of every client.
+func ServeStore(addr string, store *MemStore, token string) (*StoreServer, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("serve the rendezvous store on %s: %w", addr, err)
 	}
-	srv := grpc.NewServer(grpcServerOptions()...)
+	srv := grpc.NewServer(grpcServerOptions(token)...)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: storeService,
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{{
 			MethodName: "Gather",
 			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				if err := checkToken(ctx, token); err != nil {
+					return nil, err
+				}
 				var req GatherRequest
 				if err := dec(&req); err != nil {
 					return nil, err
@@ -81,10 +85,10 @@ type RemoteStore struct {
 	cc   *grpc.ClientConn
 }
 
-// DialStore returns a client of the store at addr. It connects lazily, retrying until each
-// call's deadline, so workers may start before rank 0 does.
-func DialStore(addr string) (*RemoteStore, error) {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions()...)
+// DialStore returns a client of the store at addr, presenting token if non-empty. It connects
+// lazily, retrying until each call's deadline, so workers may start before rank 0 does.
+func DialStore(addr, token string) (*RemoteStore, error) {
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(token)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial the rendezvous store at %s: %w", addr, err)
 	}
@@ -105,6 +109,8 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 	}
 	st := status.Convert(err)
 	switch {
+	case st.Code() == codes.Unauthenticated:
+		return nil, fmt.Errorf("%w: the rendezvous store at %s refused this worker: %s", ErrRendezvous, s.addr, st.Message())
 	case st.Code() == codes.FailedPrecondition:
 		return nil, errors.New(st.Message())
 	case req.FailFast && st.Code() == codes.Unavailable:

@@ -2,16 +2,22 @@ package core
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/msgpackcodec"
 )
@@ -37,8 +43,47 @@ var fastBackoff = grpc.ConnectParams{
 	MinConnectTimeout: 2 * time.Second,
 }
 
-func grpcServerOptions() []grpc.ServerOption {
+// tokenHeader carries a world's shared secret on every gRPC call and stream.
+const tokenHeader = "tensorplay-token"
+
+// tokenCredentials attaches the world's token to every call.
+type tokenCredentials string
+
+func (t tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{tokenHeader: string(t)}, nil
+}
+
+// RequireTransportSecurity is false: the token also guards plaintext worlds (see TLS for
+// keeping it secret on the wire).
+func (tokenCredentials) RequireTransportSecurity() bool { return false }
+
+// checkToken refuses a call that does not carry token, before any of its messages is decoded.
+func checkToken(ctx context.Context, token string) error {
+	if token == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	if got := md.Get(tokenHeader); len(got) == 1 && subtle.ConstantTimeCompare([]byte(got[0]), []byte(token)) == 1 {
+		return nil
+	}
+	from := "an unknown address"
+	if p, ok := grpcpeer.FromContext(ctx); ok {
+		from = p.Addr.String()
+	}
+	slog.Warn("tensorplay-rpc: refused a connection without the world's token", "from", from)
+	return status.Error(codes.Unauthenticated, "this world requires its token (TENSORPLAY_RPC_TOKEN)")
+}
+
+// grpcServerOptions checks the token of every stream before its handler reads a message;
+// unary handlers (the store's) check it themselves, before decoding their request.
+func grpcServerOptions(token string) []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			if err := checkToken(ss.Context(), token); err != nil {
+				return err
+			}
+			return handler(srv, ss)
+		}),
 		grpc.ForceServerCodecV2(msgpackcodec.Codec{}),
 		grpc.MaxRecvMsgSize(maxFrameBytes),
 		grpc.MaxSendMsgSize(maxFrameBytes),
@@ -48,8 +93,8 @@ func grpcServerOptions() []grpc.ServerOption {
 	}
 }
 
-func grpcDialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+func grpcDialOptions(token string) []grpc.DialOption {
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(fastBackoff),
 		grpc.WithInitialWindowSize(grpcWindow),
@@ -60,11 +105,16 @@ func grpcDialOptions() []grpc.DialOption {
 			grpc.MaxCallSendMsgSize(maxFrameBytes),
 		),
 	}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(tokenCredentials(token)))
+	}
+	return opts
 }
 
 // GRPCTransport is the Transport of real worlds: one gRPC server per agent and one client
 // connection with one bidirectional stream per peer dialed.
 type GRPCTransport struct {
+	token   string
 	mu      sync.Mutex
 	server  *grpc.Server
 	conns   []*grpc.ClientConn
@@ -72,9 +122,10 @@ type GRPCTransport struct {
 	closed  bool
 }
 
-// NewGRPCTransport returns a transport that is not yet listening.
-func NewGRPCTransport() *GRPCTransport {
-	return &GRPCTransport{streams: map[*grpcClientStream]struct{}{}}
+// NewGRPCTransport returns a transport that is not yet listening. A non-empty token is
+// presented on every stream it opens and required on every stream it accepts.
+func NewGRPCTransport(token string) *GRPCTransport {
+	return &GRPCTransport{token: token, streams: map[*grpcClientStream]struct{}{}}
 }
 
 // Listen serves agent streams on host at a port the OS picks.
@@ -83,7 +134,12 @@ func (t *GRPCTransport) Listen(host string, serve func(Stream)) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("listen on %s: %w", host, err)
 	}
-	srv := grpc.NewServer(grpcServerOptions()...)
+	if t.token == "" && !net.ParseIP(host).IsLoopback() {
+		warnOpenOnce.Do(func() {
+			slog.Warn("tensorplay-rpc: listening on " + host + " without a token: anyone who can reach this port can make this worker unpickle, and so run, anything. Set TENSORPLAY_RPC_TOKEN on every worker.")
+		})
+	}
+	srv := grpc.NewServer(grpcServerOptions(t.token)...)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: agentService,
 		HandlerType: (*any)(nil),
@@ -111,7 +167,7 @@ func (t *GRPCTransport) Listen(host string, serve func(Stream)) (string, error) 
 
 // Dial opens a stream to addr, failing fast if nothing listens there.
 func (t *GRPCTransport) Dial(ctx context.Context, addr string) (Stream, error) {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions()...)
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(t.token)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
@@ -212,6 +268,8 @@ func (s *grpcClientStream) close() {
 		s.cc.Close()
 	})
 }
+
+var warnOpenOnce sync.Once
 
 // errStreamClosed is what Recv reports on a stream closed locally.
 var errStreamClosed = errors.New("stream closed")

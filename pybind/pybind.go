@@ -215,14 +215,15 @@ type Starter struct {
 
 // BeginStart starts joining the world and returns at once; Wait reports when the join is
 // over, Agent returns its outcome, and Cancel abandons it (as on Ctrl-C). maxMessageSize
-// bounds each message sent or received (0: the default).
-func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64) *Starter {
+// bounds each message sent or received (0: the default); a non-empty token is the world's
+// shared secret.
+func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string) *Starter {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Starter{done: make(chan struct{}), cancel: cancel}
 	go func() {
 		defer close(s.done)
 		defer recovered(&s.err)
-		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize)
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token)
 	}()
 	return s
 }
@@ -255,7 +256,7 @@ func (s *Starter) Agent() (*Agent, error) {
 	return s.agent, s.err
 }
 
-func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64) (*Agent, error) {
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string) (*Agent, error) {
 	a := &Agent{
 		requests:     make(chan *Request, 1<<16),
 		events:       make(chan *Event, 1<<16),
@@ -266,6 +267,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
 		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
 		MaxMessageSize: maxMessageSize,
+		Token:          token,
 		Handlers:       map[string]core.Handler{PyMethod: queueHandler{a}},
 		OnRRefDropped: func(id core.RRefID) {
 			a.post(&Event{kind: EventRRefDropped, rref: id})

@@ -159,3 +159,16 @@ def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):
         got, took = r.value
         assert got == r.rank + 1 and took < 10
         assert 'worker "worker0" is gone' in r.output, r.output
+
+
+def test_a_world_with_a_token(world):
+    results = run_world("faults:token_world", 2, env={"TENSORPLAY_RPC_TOKEN": "s3cret"})
+    assert [r.value for r in results] == [("joined", 1), ("joined", 2)]
+
+
+def test_a_worker_with_a_wrong_token_is_refused(world, tmp_path):
+    ok = world("faults:token_world", 2, ranks=[0], env={"TENSORPLAY_RPC_TOKEN": "s3cret"})
+    stranger = world("faults:token_world", 2, ranks=[1], env={"TENSORPLAY_RPC_TOKEN": "wrong", "MASTER_PORT": str(ok.port)})
+    verdict, message = stranger.finish(timeout=30)[0].value
+    assert verdict == "refused" and "token" in message
+    assert ok.finish(timeout=30)[0].value[0] == "refused"  # its world never formed

@@ -29,6 +29,8 @@ type Options struct {
 	// ChunkSize and MaxMessageSize are passed to every agent (0: the defaults).
 	ChunkSize      int
 	MaxMessageSize int64
+	// Token is the world's shared secret (GRPC worlds).
+	Token string
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -62,6 +64,7 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 			Name: fmt.Sprintf("w%d", i), Rank: i, WorldSize: n,
 			InitMethod: init, InitTimeout: opts.InitTimeout, Handlers: opts.Handlers,
 			ListenHost: "127.0.0.1", ChunkSize: opts.ChunkSize, MaxMessageSize: opts.MaxMessageSize,
+			Token: opts.Token,
 		}
 		if network != nil {
 			cfgs[i].Store, cfgs[i].Transport = store, network.Transport()

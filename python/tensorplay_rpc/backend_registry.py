@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import os
 from typing import Any, Callable
 
 from . import constants
@@ -48,8 +49,9 @@ def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: in
     rpc_backend_options._check_devices()
     timeout = rpc_backend_options.rpc_timeout
     init_timeout = timeout if timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
+    token = rpc_backend_options.token or os.environ.get("TENSORPLAY_RPC_TOKEN", "")
     starter = _native.BeginStart(
-        name, rank, world_size, store, int(init_timeout * 1000), rpc_backend_options.max_message_size
+        name, rank, world_size, store, int(init_timeout * 1000), rpc_backend_options.max_message_size, token
     )
     try:
         # In slices, so Ctrl-C stops a join that waits on a missing worker.

@@ -52,6 +52,9 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         devices: local devices; likewise CPU only.
         max_message_size: the most bytes (pickle plus buffers) one call or reply may carry,
             sent or received; bigger ones are refused before anything is sent.
+        token: the world's shared secret (default: ``$TENSORPLAY_RPC_TOKEN``): every
+            connection to the store and to every worker must present it before anything it
+            sends is unpickled. Every worker of the world needs the same one.
         _transports, _channels: accepted for compatibility with torch and ignored.
     """
 
@@ -66,11 +69,13 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         _transports: Optional[List] = None,
         _channels: Optional[List] = None,
         max_message_size: int = constants.DEFAULT_MAX_MESSAGE_SIZE,
+        token: Optional[str] = None,
     ) -> None:
         super().__init__(rpc_timeout, init_method)
         if int(max_message_size) < 1:
             raise ValueError(f"max_message_size must be positive, got {max_message_size}")
         self.max_message_size = int(max_message_size)
+        self.token = token
         if int(num_worker_threads) < 1:
             raise ValueError(f"num_worker_threads must be at least 1, got {num_worker_threads}")
         self.num_worker_threads = int(num_worker_threads)
@@ -111,7 +116,7 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         if bad:
             raise ValueError(f"tensorplay_rpc was built without accelerator support; these devices cannot be used: {bad}")
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # the token stays out of logs
         return (
             f"TensorPipeRpcBackendOptions(num_worker_threads={self.num_worker_threads}, "
             f"rpc_timeout={self.rpc_timeout}, init_method={self.init_method!r})"

@@ -110,3 +110,14 @@ def store_host_dies(rank, world_size, ready_dir):
     start = time.monotonic()
     rpc.shutdown()
     return got, time.monotonic() - start
+
+
+def token_world(rank, world_size):
+    """Joins with TENSORPLAY_RPC_TOKEN from the environment (the test sets it per rank)."""
+    try:
+        init(rank, world_size, rpc_timeout=3)
+    except RuntimeError as exc:
+        return "refused", str(exc)
+    got = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
+    rpc.shutdown()
+    return "joined", got

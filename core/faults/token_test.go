@@ -1,0 +1,60 @@
+package faults
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+)
+
+// TestTokenKeepsStrangersOut: in a world with a token, a peer without it, or with a wrong one,
+// is refused by workers and by the store, and nothing it sends reaches a handler.
+func TestTokenKeepsStrangersOut(t *testing.T) {
+	var served atomic.Int64
+	handlers := map[string]core.Handler{
+		"count": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+			served.Add(1)
+			return req, nil
+		}),
+	}
+	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: handlers, Token: "s3cret"})
+	agents, errs := coretest.StartAll(cfgs)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &coretest.Cluster{Agents: agents}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := agents[0].Call(ctx, "w1", "count", core.Message{}); err != nil {
+		t.Fatalf("a call inside the world: %v", err)
+	}
+	for _, token := range []string{"", "wrong"} {
+		tr := core.NewGRPCTransport(token)
+		s, err := tr.Dial(ctx, agents[1].Self().Addr)
+		if err == nil {
+			s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})
+			s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "count"})
+			_, err = s.Recv()
+		}
+		if err == nil || !strings.Contains(err.Error(), "token") {
+			t.Errorf("token %q: err = %v, want a refusal naming the token", token, err)
+		}
+		tr.Close()
+	}
+	if n := served.Load(); n != 1 {
+		t.Fatalf("handlers ran %d times, want only the world's own call", n)
+	}
+	// A worker with the wrong token cannot join through the store either.
+	intruder := cfgs[1]
+	intruder.Name, intruder.Token, intruder.InitTimeout = "intruder", "wrong", 2*time.Second
+	if _, err := core.Start(ctx, intruder); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("err = %v, want the store to refuse the intruder", err)
+	}
+}

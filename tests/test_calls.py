@@ -74,3 +74,15 @@ def test_rank_and_world_size_from_environment():
 def test_seed_example_runs_as_main(tmp_path):
     results = run_world("scripts", 2, script="scripts/seed_example.py")
     assert results[0].output.split() == ["7", "42", "15", "abcd"]
+
+
+def test_errors_that_cannot_travel_as_themselves(tmp_path):
+    (tmp_path / "only_on_the_caller.py").write_text("def double(x):\n    return 2 * x\n")
+    out = run_world("faults:call_errors", 2, args=[str(tmp_path)])[0].value
+    kind, msg = out["unpicklable_exception"]
+    assert "_Unpicklable" in kind + msg and "holding a lock" in msg and "Traceback" in msg
+    kind, msg = out["unpicklable_result"]
+    assert kind == "TypeError" and "lock" in msg
+    kind, msg = out["unknown_module"]
+    assert kind == "ModuleNotFoundError" and "only_on_the_caller" in msg
+    assert out["still_serving"] == 3

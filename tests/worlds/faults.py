@@ -121,3 +121,45 @@ def token_world(rank, world_size):
     got = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
     rpc.shutdown()
     return "joined", got
+
+
+class _Unpicklable(Exception):
+    """An exception that cannot be pickled: it holds a lock."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = __import__("threading").Lock()
+
+
+def raise_unpicklable():
+    raise _Unpicklable("holding a lock")
+
+
+def return_unpicklable():
+    return __import__("threading").Lock()
+
+
+def call_errors(rank, world_size, module_dir):
+    """Errors that must reach the caller while the callee keeps serving."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        import importlib
+        import sys as _sys
+
+        _sys.path.insert(0, module_dir)
+        only_here = importlib.import_module("only_on_the_caller")  # the callee cannot import it
+        cases = {
+            "unpicklable_exception": lambda: rpc.rpc_sync("worker1", raise_unpicklable),
+            "unpicklable_result": lambda: rpc.rpc_sync("worker1", return_unpicklable),
+            "unknown_module": lambda: rpc.rpc_sync("worker1", only_here.double, args=(2,)),
+        }
+        for name, fn in cases.items():
+            try:
+                fn()
+                out[name] = None
+            except Exception as exc:
+                out[name] = (type(exc).__name__, str(exc))
+        out["still_serving"] = rpc.rpc_sync("worker1", add, args=(1, 2))
+    rpc.shutdown()
+    return out

@@ -18,13 +18,14 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench fuzz clean
+.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench fuzz soak clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make bench  tensorplay_rpc vs torch.distributed.rpc vs raw TCP, in one run"
 	@echo "make fuzz   fuzz the frame decoder for 5 minutes"
+	@echo "make soak   a 10-minute soak of a world of 4"
 
 # Installs only what is missing, so a warm machine does no network work.
 deps:
@@ -78,6 +79,10 @@ vet: deps
 test-go: deps
 	go test -race -count=1 ./...
 	go test -run '^$$' -fuzz FuzzFrameDecode -fuzztime $(FUZZTIME) ./core
+
+# The soak runs 20 s in `make test`, 10 minutes here.
+soak: install
+	cd tests && TENSORPLAY_SOAK_SECONDS=600 ../$(PY) -m pytest -q -p no:cacheprovider test_soak.py
 
 # The frame decoder's fuzzing: briefly in `make test`, longer here.
 FUZZTIME ?= 10s

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -290,6 +291,9 @@ func (a *Agent) Return(lendID int64) {
 		msg.Release()
 	}
 }
+
+// Goroutines is the number of goroutines in this process (tests look for leaks with it).
+func (a *Agent) Goroutines() int { return runtime.NumGoroutine() }
 
 // Lent is the number of received messages Python still uses in place.
 func (a *Agent) Lent() int {

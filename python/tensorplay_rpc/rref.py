@@ -28,7 +28,9 @@ class OwnerTable:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slots: Dict[Id, Future] = {}
-        # Dropped before their creation ran (the creator let go at once): not to be kept.
+        # Whose creation has begun here.
+        self._created: Set[Id] = set()
+        # Dropped before their creation began (the creator let go at once): not to be kept.
         self._dropped: Set[Id] = set()
 
     def slot(self, rref_id: Id) -> Future:
@@ -40,11 +42,13 @@ class OwnerTable:
             return fut
 
     def creation_slot(self, rref_id: Id) -> Future:
-        """The future a creation completes; a throwaway one if the RRef was already dropped."""
+        """The future a creation completes (every RRef's value is made through here once); a
+        throwaway one if the RRef was already dropped."""
         with self._lock:
             if rref_id in self._dropped:
                 self._dropped.discard(rref_id)
                 return Future()
+            self._created.add(rref_id)
             fut = self._slots.get(rref_id)
             if fut is None:
                 fut = self._slots[rref_id] = Future()
@@ -53,12 +57,16 @@ class OwnerTable:
     def drop(self, rref_id: Id) -> None:
         """Forget a value no one references any more."""
         with self._lock:
-            if self._slots.pop(rref_id, None) is None:
+            self._slots.pop(rref_id, None)
+            if rref_id in self._created:
+                self._created.discard(rref_id)
+            else:  # its creation is still to come: it must not keep the value
                 self._dropped.add(rref_id)
 
     def __len__(self) -> int:
+        """Entries held: values, and drops waiting for their creation."""
         with self._lock:
-            return len(self._slots)
+            return len(self._slots) + len(self._dropped)
 
 
 class PyRRef:
@@ -73,7 +81,7 @@ class PyRRef:
         me = agent.info.id
         rref_id = (me, agent.native.NewLocalID())
         fork_id = (me, agent.native.NewLocalID())
-        slot = agent.owner_table.slot(rref_id)
+        slot = agent.owner_table.creation_slot(rref_id)
         slot.set_result(value)
         agent.add_fork(me, rref_id, fork_id, holder=me)
         self._bind(agent, me, rref_id, fork_id, slot, None)

@@ -1,0 +1,88 @@
+"""A soak: every worker calls every other with a mix of calls, payloads and RRefs, with small
+random delays, then checks that nothing leaked."""
+
+import gc
+import random
+import threading
+import time
+
+import numpy as np
+
+import tensorplay_rpc as rpc
+from tensorplay_rpc import _agent
+from tensorplay_rpc import api as rpc_api
+
+from .common import add, init, wait_until
+from .rrefs import Counter, _rss_kib
+
+
+def nbytes(x):
+    return x.nbytes
+
+
+def snapshot():
+    agent = _agent.require_agent()
+    gc.collect()
+    with agent._pending_lock:
+        pending = len(agent._pending)
+    return {
+        "pending_futures": pending,
+        "lent": agent.native.Lent(),
+        "goroutines": agent.native.Goroutines(),
+        "threads": threading.active_count(),
+        "rss_kib": _rss_kib(),
+    }
+
+
+def run(rank, world_size, seconds):
+    init(rank, world_size, rpc_timeout=60)
+    rng = random.Random(rank)
+    peers = [f"worker{i}" for i in range(world_size)]
+    for peer in peers:  # every connection made before counting what is alive
+        rpc.rpc_sync(peer, add, args=(rank, 0))
+        rpc.rpc_async(peer, nbytes, args=(np.zeros(2 << 20, dtype=np.uint8),)).wait()
+        rpc.remote(peer, Counter).to_here()
+    rpc_api._barrier(set(peers))
+    warm = snapshot()
+    deadline = time.monotonic() + float(seconds)
+    halfway = time.monotonic() + float(seconds) / 2
+    middle = None
+    inflight, done, checked, rref = [], 0, 0, None
+    while time.monotonic() < deadline:
+        if middle is None and time.monotonic() > halfway:
+            middle = snapshot()
+        peer = rng.choice(peers)
+        action = rng.random()
+        if action < 0.45:
+            size = rng.choice([0, 100, 5000, 1 << 20, 3 << 20])
+            arr = np.full(size, rank, dtype=np.uint8)
+            inflight.append((rpc.rpc_async(peer, nbytes, args=(arr,)), size))
+        elif action < 0.65:
+            assert rpc.rpc_sync(peer, add, args=(rank, 1)) == rank + 1
+            done += 1
+        elif action < 0.85:
+            rref = rpc.remote(peer, Counter, args=(rank,))
+            if rng.random() < 0.5:
+                assert rref.to_here().count == rank
+            del rref
+        else:
+            rref = rpc.remote(peer, Counter, args=(rank,))
+            assert rref.rpc_sync().increment(2) == rank + 2
+        if len(inflight) >= 32:
+            for fut, size in inflight:
+                assert fut.wait() == size
+                checked += 1
+            inflight.clear()
+        if rng.random() < 0.1:
+            time.sleep(rng.random() / 200)
+    for fut, size in inflight:
+        assert fut.wait() == size
+        checked += 1
+    rref = None  # the last one made is no longer referenced either
+    rpc_api._barrier(set(peers))
+    owned_empty = wait_until(lambda: rpc_api._owned_rref_count() == (0, 0), timeout=20)
+    owned = rpc_api._owned_rref_count()
+    rpc_api._barrier(set(peers))
+    end = snapshot()
+    rpc.shutdown()
+    return {"warm": warm, "middle": middle, "end": end, "owned_empty": owned_empty, "owned": owned, "calls": done + checked}

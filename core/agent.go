@@ -44,6 +44,8 @@ type Config struct {
 	// Token, if set, is the world's shared secret: every connection to the store and to every
 	// worker must present it before anything it sends is decoded.
 	Token string
+	// TLS, if set, puts every connection under mutual TLS with the world's CA.
+	TLS *TLSFiles
 	// Transport carries calls; nil means a new GRPCTransport.
 	Transport Transport
 	// Store is used instead of the one InitMethod names, e.g. a MemStore in tests.
@@ -140,7 +142,11 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		a.log = slog.Default()
 	}
 	if a.transport == nil {
-		a.transport = NewGRPCTransport(cfg.Token)
+		t, err := NewGRPCTransport(cfg.Token, cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		a.transport = t
 	}
 	for m, h := range cfg.Handlers {
 		a.handlers[m] = h
@@ -205,11 +211,11 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 	}
 	if cfg.Rank == 0 {
 		mem := NewMemStore()
-		if a.storeServer, err = ServeStore(addr, mem, cfg.Token); err != nil {
+		if a.storeServer, err = ServeStore(addr, mem, cfg.Token, cfg.TLS); err != nil {
 			return "", fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
 		}
 		a.store = mem
-	} else if a.store, err = DialStore(addr, cfg.Token); err != nil {
+	} else if a.store, err = DialStore(addr, cfg.Token, cfg.TLS); err != nil {
 		return "", err
 	}
 	if host == "" {

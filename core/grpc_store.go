@@ -26,20 +26,24 @@ type gatherReply struct {
 }
 
 // ServeStore serves store on addr ("host:port") over gRPC until the returned server is
-// closed; a non-empty token is required of every client.
-func ServeStore(addr string, store *MemStore, token string) (*StoreServer, error) {
+// closed; a non-empty token is required of every client, and with tlsFiles mutual TLS.
+func ServeStore(addr string, store *MemStore, token string, tlsFiles *TLSFiles) (*StoreServer, error) {
+	sec, err := newSecurity(token, tlsFiles)
+	if err != nil {
+		return nil, err
+	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("serve the rendezvous store on %s: %w", addr, err)
 	}
-	srv := grpc.NewServer(grpcServerOptions(token)...)
+	srv := grpc.NewServer(grpcServerOptions(sec)...)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: storeService,
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{{
 			MethodName: "Gather",
 			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
-				if err := checkToken(ctx, token); err != nil {
+				if err := checkToken(ctx, sec.token); err != nil {
 					return nil, err
 				}
 				var req GatherRequest
@@ -85,10 +89,15 @@ type RemoteStore struct {
 	cc   *grpc.ClientConn
 }
 
-// DialStore returns a client of the store at addr, presenting token if non-empty. It connects
-// lazily, retrying until each call's deadline, so workers may start before rank 0 does.
-func DialStore(addr, token string) (*RemoteStore, error) {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(token)...)
+// DialStore returns a client of the store at addr, presenting token if non-empty, over TLS
+// with tlsFiles. It connects lazily, retrying until each call's deadline, so workers may start
+// before rank 0 does.
+func DialStore(addr, token string, tlsFiles *TLSFiles) (*RemoteStore, error) {
+	sec, err := newSecurity(token, tlsFiles)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(sec)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial the rendezvous store at %s: %w", addr, err)
 	}

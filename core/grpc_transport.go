@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
@@ -76,8 +77,9 @@ func checkToken(ctx context.Context, token string) error {
 
 // grpcServerOptions checks the token of every stream before its handler reads a message;
 // unary handlers (the store's) check it themselves, before decoding their request.
-func grpcServerOptions(token string) []grpc.ServerOption {
-	return []grpc.ServerOption{
+func grpcServerOptions(sec security) []grpc.ServerOption {
+	token := sec.token
+	opts := []grpc.ServerOption{
 		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 			if err := checkToken(ss.Context(), token); err != nil {
 				return err
@@ -91,11 +93,36 @@ func grpcServerOptions(token string) []grpc.ServerOption {
 		grpc.InitialConnWindowSize(grpcWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 	}
+	if sec.server != nil {
+		opts = append(opts, grpc.Creds(sec.server))
+	}
+	return opts
 }
 
-func grpcDialOptions(token string) []grpc.DialOption {
+// security is what guards a world's connections: its token and its TLS credentials.
+type security struct {
+	token          string
+	server, client credentials.TransportCredentials // nil without TLS
+}
+
+func newSecurity(token string, files *TLSFiles) (security, error) {
+	sec := security{token: token}
+	if files != nil {
+		var err error
+		if sec.server, sec.client, err = files.credentials(); err != nil {
+			return security{}, err
+		}
+	}
+	return sec, nil
+}
+
+func grpcDialOptions(sec security) []grpc.DialOption {
+	creds := sec.client
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(fastBackoff),
 		// A peer lost without a word (a cable, a partition) is noticed in about two seconds,
 		// not at the RPC timeout; a killed one is noticed at once by its closed socket.
@@ -108,8 +135,8 @@ func grpcDialOptions(token string) []grpc.DialOption {
 			grpc.MaxCallSendMsgSize(maxFrameBytes),
 		),
 	}
-	if token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(tokenCredentials(token)))
+	if sec.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(tokenCredentials(sec.token)))
 	}
 	return opts
 }
@@ -117,7 +144,7 @@ func grpcDialOptions(token string) []grpc.DialOption {
 // GRPCTransport is the Transport of real worlds: one gRPC server per agent and one client
 // connection with one bidirectional stream per peer dialed.
 type GRPCTransport struct {
-	token   string
+	sec     security
 	mu      sync.Mutex
 	server  *grpc.Server
 	conns   []*grpc.ClientConn
@@ -126,9 +153,14 @@ type GRPCTransport struct {
 }
 
 // NewGRPCTransport returns a transport that is not yet listening. A non-empty token is
-// presented on every stream it opens and required on every stream it accepts.
-func NewGRPCTransport(token string) *GRPCTransport {
-	return &GRPCTransport{token: token, streams: map[*grpcClientStream]struct{}{}}
+// presented on every stream it opens and required on every stream it accepts; with tlsFiles,
+// every connection is mutual TLS under the world's CA.
+func NewGRPCTransport(token string, tlsFiles *TLSFiles) (*GRPCTransport, error) {
+	sec, err := newSecurity(token, tlsFiles)
+	if err != nil {
+		return nil, err
+	}
+	return &GRPCTransport{sec: sec, streams: map[*grpcClientStream]struct{}{}}, nil
 }
 
 // Listen serves agent streams on host at a port the OS picks.
@@ -137,12 +169,12 @@ func (t *GRPCTransport) Listen(host string, serve func(Stream)) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("listen on %s: %w", host, err)
 	}
-	if t.token == "" && !net.ParseIP(host).IsLoopback() {
+	if t.sec.token == "" && !net.ParseIP(host).IsLoopback() {
 		warnOpenOnce.Do(func() {
 			slog.Warn("tensorplay-rpc: listening on " + host + " without a token: anyone who can reach this port can make this worker unpickle, and so run, anything. Set TENSORPLAY_RPC_TOKEN on every worker.")
 		})
 	}
-	srv := grpc.NewServer(grpcServerOptions(t.token)...)
+	srv := grpc.NewServer(grpcServerOptions(t.sec)...)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: agentService,
 		HandlerType: (*any)(nil),
@@ -170,7 +202,7 @@ func (t *GRPCTransport) Listen(host string, serve func(Stream)) (string, error) 
 
 // Dial opens a stream to addr, failing fast if nothing listens there.
 func (t *GRPCTransport) Dial(ctx context.Context, addr string) (Stream, error) {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(t.token)...)
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(t.sec)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

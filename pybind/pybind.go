@@ -217,14 +217,18 @@ type Starter struct {
 // BeginStart starts joining the world and returns at once; Wait reports when the join is
 // over, Agent returns its outcome, and Cancel abandons it (as on Ctrl-C). maxMessageSize
 // bounds each message sent or received (0: the default); a non-empty token is the world's
-// shared secret.
-func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string) *Starter {
+// shared secret; non-empty certFile, keyFile and caFile put the world under mutual TLS.
+func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile string) *Starter {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Starter{done: make(chan struct{}), cancel: cancel}
 	go func() {
 		defer close(s.done)
 		defer recovered(&s.err)
-		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token)
+		var tlsFiles *core.TLSFiles
+		if certFile != "" || keyFile != "" || caFile != "" {
+			tlsFiles = &core.TLSFiles{Cert: certFile, Key: keyFile, CA: caFile}
+		}
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles)
 	}()
 	return s
 }
@@ -257,7 +261,7 @@ func (s *Starter) Agent() (*Agent, error) {
 	return s.agent, s.err
 }
 
-func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string) (*Agent, error) {
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles) (*Agent, error) {
 	a := &Agent{
 		requests:     make(chan *Request, 1<<16),
 		events:       make(chan *Event, 1<<16),
@@ -269,6 +273,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
 		MaxMessageSize: maxMessageSize,
 		Token:          token,
+		TLS:            tlsFiles,
 		Handlers:       map[string]core.Handler{PyMethod: queueHandler{a}},
 		OnRRefDropped: func(id core.RRefID) {
 			a.post(&Event{kind: EventRRefDropped, rref: id})

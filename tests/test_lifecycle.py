@@ -1,5 +1,6 @@
 """init_rpc and shutdown: the world forming, failing to form, and ending."""
 
+import subprocess
 import time
 
 import pytest
@@ -172,3 +173,27 @@ def test_a_worker_with_a_wrong_token_is_refused(world, tmp_path):
     verdict, message = stranger.finish(timeout=30)[0].value
     assert verdict == "refused" and "token" in message
     assert ok.finish(timeout=30)[0].value[0] == "refused"  # its world never formed
+
+
+def _throwaway_ca(directory):
+    """A CA and one worker certificate it signed, made with the openssl command."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", "/CN=test CA", "-keyout", "ca-key.pem", "-out", "ca.pem")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=worker",
+            "-keyout", "key.pem", "-out", "req.pem")
+    openssl("x509", "-req", "-in", "req.pem", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+            "-days", "1", "-out", "cert.pem")
+
+
+def test_a_world_under_tls(world, tmp_path):
+    _throwaway_ca(tmp_path)
+    results = run_world("faults:tls_world", 2, args=[str(tmp_path), "yes"])
+    assert [r.value for r in results] == [("joined", 1), ("joined", 2)]
+    # A worker without a certificate is refused by the store.
+    ok = world("faults:tls_world", 2, ranks=[0], args=[str(tmp_path), "yes"])
+    plain = world("faults:tls_world", 2, ranks=[1], args=[str(tmp_path), "no"], env={"MASTER_PORT": str(ok.port)})
+    assert plain.finish(timeout=30)[0].value[0] == "refused"
+    assert ok.finish(timeout=30)[0].value[0] == "refused"

@@ -31,6 +31,8 @@ type Options struct {
 	MaxMessageSize int64
 	// Token is the world's shared secret (GRPC worlds).
 	Token string
+	// TLS puts a GRPC world under mutual TLS.
+	TLS *core.TLSFiles
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -64,7 +66,7 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 			Name: fmt.Sprintf("w%d", i), Rank: i, WorldSize: n,
 			InitMethod: init, InitTimeout: opts.InitTimeout, Handlers: opts.Handlers,
 			ListenHost: "127.0.0.1", ChunkSize: opts.ChunkSize, MaxMessageSize: opts.MaxMessageSize,
-			Token: opts.Token,
+			Token: opts.Token, TLS: opts.TLS,
 		}
 		if network != nil {
 			cfgs[i].Store, cfgs[i].Transport = store, network.Transport()

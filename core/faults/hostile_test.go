@@ -61,7 +61,7 @@ func TestHostileBytes(t *testing.T) {
 	}
 	// A peer speaking the protocol but announcing a message far over the limit is refused
 	// before anything is allocated, and only its own stream is dropped.
-	tr := core.NewGRPCTransport("")
+	tr, _ := core.NewGRPCTransport("", nil)
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

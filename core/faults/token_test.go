@@ -36,7 +36,7 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 		t.Fatalf("a call inside the world: %v", err)
 	}
 	for _, token := range []string{"", "wrong"} {
-		tr := core.NewGRPCTransport(token)
+		tr, _ := core.NewGRPCTransport(token, nil)
 		s, err := tr.Dial(ctx, agents[1].Self().Addr)
 		if err == nil {
 			s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})

@@ -51,7 +51,16 @@ def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: in
     init_timeout = timeout if timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
     token = rpc_backend_options.token or os.environ.get("TENSORPLAY_RPC_TOKEN", "")
     starter = _native.BeginStart(
-        name, rank, world_size, store, int(init_timeout * 1000), rpc_backend_options.max_message_size, token
+        name,
+        rank,
+        world_size,
+        store,
+        int(init_timeout * 1000),
+        rpc_backend_options.max_message_size,
+        token,
+        rpc_backend_options.tls_cert or "",
+        rpc_backend_options.tls_key or "",
+        rpc_backend_options.tls_ca or "",
     )
     try:
         # In slices, so Ctrl-C stops a join that waits on a missing worker.

@@ -55,6 +55,9 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         token: the world's shared secret (default: ``$TENSORPLAY_RPC_TOKEN``): every
             connection to the store and to every worker must present it before anything it
             sends is unpickled. Every worker of the world needs the same one.
+        tls_cert, tls_key, tls_ca: PEM files of this worker's certificate and key and of the
+            world's CA: with them, all store and worker traffic is mutual TLS, and a peer
+            whose certificate the CA did not sign is refused.
         _transports, _channels: accepted for compatibility with torch and ignored.
     """
 
@@ -70,12 +73,18 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         _channels: Optional[List] = None,
         max_message_size: int = constants.DEFAULT_MAX_MESSAGE_SIZE,
         token: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        tls_ca: Optional[str] = None,
     ) -> None:
         super().__init__(rpc_timeout, init_method)
         if int(max_message_size) < 1:
             raise ValueError(f"max_message_size must be positive, got {max_message_size}")
         self.max_message_size = int(max_message_size)
         self.token = token
+        if any((tls_cert, tls_key, tls_ca)) and not all((tls_cert, tls_key, tls_ca)):
+            raise ValueError("TLS needs all of tls_cert, tls_key and tls_ca")
+        self.tls_cert, self.tls_key, self.tls_ca = tls_cert, tls_key, tls_ca
         if int(num_worker_threads) < 1:
             raise ValueError(f"num_worker_threads must be at least 1, got {num_worker_threads}")
         self.num_worker_threads = int(num_worker_threads)

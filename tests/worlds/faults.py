@@ -163,3 +163,17 @@ def call_errors(rank, world_size, module_dir):
         out["still_serving"] = rpc.rpc_sync("worker1", add, args=(1, 2))
     rpc.shutdown()
     return out
+
+
+def tls_world(rank, world_size, cert_dir, use_tls):
+    """Joins under mutual TLS with the certificates in cert_dir (or without TLS)."""
+    files = {}
+    if use_tls == "yes":
+        files = {k: os.path.join(cert_dir, f) for k, f in (("tls_cert", "cert.pem"), ("tls_key", "key.pem"), ("tls_ca", "ca.pem"))}
+    try:
+        init(rank, world_size, rpc_timeout=3, **files)
+    except RuntimeError as exc:
+        return "refused", str(exc)
+    got = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
+    rpc.shutdown()
+    return "joined", got

@@ -90,3 +90,11 @@ def wait_until(cond, timeout=20):
             return False
         time.sleep(0.02)
     return True
+
+
+class Sleeper:
+    """A value whose method blocks, for proxy calls left pending."""
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return seconds

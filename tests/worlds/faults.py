@@ -1,11 +1,12 @@
 """Scenarios where the world cannot form or a worker dies."""
 
 import os
+import threading
 import time
 
 import tensorplay_rpc as rpc
 
-from .common import add, init, options, set_done, slow, wait_done
+from .common import Sleeper, add, init, options, set_done, slow, wait_done
 
 
 def try_init(rank, world_size, name=None, rank_override=None, rpc_timeout="3"):
@@ -46,7 +47,27 @@ def peer_dies(rank, world_size, ready_file):
     out = {}
     if rank == 0:
         futs = [rpc.rpc_async("worker1", slow, args=(60,)) for _ in range(3)]
+        sleeper = rpc.remote("worker1", Sleeper)
+        blocked = {
+            "rpc_sync": lambda: rpc.rpc_sync("worker1", slow, args=(60,)),
+            "to_here": lambda: rpc.remote("worker1", slow, args=(60,)).to_here(),
+            "proxy": lambda: sleeper.rpc_sync().sleep(60),
+        }
+        outcomes = {}
+
+        def run_blocked(name, fn):
+            try:
+                fn()
+                outcomes[name] = None
+            except RuntimeError as exc:
+                outcomes[name] = str(exc)
+            outcomes[name + "_at"] = time.monotonic()
+
+        threads = [threading.Thread(target=run_blocked, args=item) for item in blocked.items()]
+        for t in threads:
+            t.start()
         rpc.rpc_sync("worker1", add, args=(1, 1))  # the slow calls are in worker1's hands now
+        time.sleep(0.3)
         with open(ready_file, "w") as f:
             f.write("ready")
         errors = []
@@ -57,7 +78,10 @@ def peer_dies(rank, world_size, ready_file):
                 errors.append(None)
             except RuntimeError as exc:
                 errors.append(str(exc))
-        out["waited"] = time.monotonic() - start
+        for t in threads:
+            t.join(timeout=30)
+        out["waited"] = max([time.monotonic() - start] + [outcomes.get(k + "_at", 1e9) - start for k in blocked])
+        out["blocked"] = {k: outcomes.get(k) for k in blocked}
         out["errors"] = errors
         try:
             rpc.rpc_sync("worker1", add, args=(1, 1))
@@ -177,3 +201,8 @@ def tls_world(rank, world_size, cert_dir, use_tls):
     got = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
     rpc.shutdown()
     return "joined", got
+
+
+def unreachable_store(rank, world_size):
+    """Only rank 1 runs: the store it is told of never answers."""
+    return try_init(rank, world_size, rpc_timeout="2")

@@ -114,12 +114,7 @@ func TestFileStoreWorld(t *testing.T) {
 	for i := range cfgs {
 		cfgs[i].InitMethod = "file://" + path
 	}
-	agents, errs := coretest.StartAll(cfgs)
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	agents := coretest.Start(t, cfgs).Agents
 	resp, err := agents[2].Call(t.Context(), "w0", "echo", core.Message{Payload: []byte("via file")})
 	if err != nil || string(resp.Payload) != "via file" {
 		t.Fatalf("got %q, %v", resp.Payload, err)

@@ -16,13 +16,7 @@ func TestRRefForksAcrossWorkers(t *testing.T) {
 		dropped := map[core.RRefID]bool{}
 		cfgs := coretest.Configs(t, 3, opts)
 		cfgs[0].OnRRefDropped = func(id core.RRefID) { mu.Lock(); dropped[id] = true; mu.Unlock() }
-		agents, errs := coretest.StartAll(cfgs)
-		for _, err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		defer (&coretest.Cluster{Agents: agents}).Close()
+		agents := coretest.Start(t, cfgs).Agents
 		owner, user, third := agents[0], agents[1], agents[2]
 		ctx := context.Background()
 

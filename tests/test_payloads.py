@@ -17,7 +17,7 @@ from tensorplay_rpc.internal import deserialize, serialize
     ids=["numpy", "numpy-strided", "bytes", "bytearray", "memoryview", "tensor", "tensor-transposed"],
 )
 def test_big_payloads_travel_beside_the_pickle(value):
-    segments, _ = serialize(value, 0)
+    segments, _ = serialize(value)
     pickle_bytes, *buffers, kinds = segments
     assert len(pickle_bytes) < 1024, "the payload was copied into the pickle stream"
     assert len(buffers) == 1 and buffers[0].nbytes >= 1 << 20
@@ -27,14 +27,14 @@ def test_big_payloads_travel_beside_the_pickle(value):
 
 
 def test_small_payloads_stay_in_the_pickle():
-    segments, _ = serialize([b"abc", np.arange(3), bytearray(b"x")], 0)
+    segments, _ = serialize([b"abc", np.arange(3), bytearray(b"x")])
     assert len(segments) == 1
 
 
 def test_pickling_state_is_clean_after_an_error():
     with pytest.raises(TypeError):
-        serialize(__import__("threading").Lock(), 0)
-    segments, _ = serialize({"ok": np.arange(1000)}, 0)
+        serialize(__import__("threading").Lock())
+    segments, _ = serialize({"ok": np.arange(1000)})
     assert pickle.loads(segments[0], buffers=segments[1:-1])["ok"].sum() == 499500
 
 

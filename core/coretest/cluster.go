@@ -94,7 +94,14 @@ func StartAll(cfgs []core.Config) ([]*core.Agent, []error) {
 // New starts a world of n agents and shuts it down, not gracefully, when the test ends.
 func New(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
-	agents, errs := StartAll(Configs(t, n, opts))
+	return Start(t, Configs(t, n, opts))
+}
+
+// Start starts one agent per config, fails the test if any cannot start, and shuts them all
+// down, not gracefully, when the test ends.
+func Start(t testing.TB, cfgs []core.Config) *Cluster {
+	t.Helper()
+	agents, errs := StartAll(cfgs)
 	c := &Cluster{Agents: agents}
 	t.Cleanup(func() { c.Close() })
 	for i, err := range errs {

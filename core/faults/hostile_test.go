@@ -17,14 +17,7 @@ import (
 func TestHostileBytes(t *testing.T) {
 	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: echo})
 	storeAddr := strings.TrimPrefix(cfgs[0].InitMethod, "tcp://")
-	agents, errs := coretest.StartAll(cfgs)
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := &coretest.Cluster{Agents: agents}
-	defer c.Close()
+	agents := coretest.Start(t, cfgs).Agents
 	worker := agents[1].Self().Addr
 	noise := make([]byte, 64<<10)
 	rand.Read(noise)

@@ -81,13 +81,7 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		}),
 	}
 	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: handlers, TLS: &world})
-	agents, errs := coretest.StartAll(cfgs)
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer (&coretest.Cluster{Agents: agents}).Close()
+	agents := coretest.Start(t, cfgs).Agents
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := agents[0].Call(ctx, "w1", "count", core.Message{}); err != nil {

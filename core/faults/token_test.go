@@ -22,14 +22,7 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 		}),
 	}
 	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: handlers, Token: "s3cret"})
-	agents, errs := coretest.StartAll(cfgs)
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := &coretest.Cluster{Agents: agents}
-	defer c.Close()
+	agents := coretest.Start(t, cfgs).Agents
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := agents[0].Call(ctx, "w1", "count", core.Message{}); err != nil {

@@ -174,7 +174,7 @@ class PythonAgent:
         """
         if timeout < 0:
             timeout = self.rpc_timeout
-        segments, context = serialize(message, dest.id)
+        segments, context = serialize(message)
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
@@ -256,7 +256,7 @@ class PythonAgent:
 
     def _reply(self, request, result: Any) -> None:
         try:
-            segments, context = serialize(result, request.CallerID())
+            segments, context = serialize(result)
             for owner, rref_id, fork_id in context.forks:
                 self.add_fork(owner, rref_id, fork_id, holder=request.CallerID())
         except BaseException as exc:  # an unpicklable result fails the call, not the worker

@@ -26,13 +26,12 @@ OUT_OF_BAND_MIN = 1024
 
 
 class SendContext:
-    """What pickling a message for one destination collects besides bytes: the RRef forks it
-    creates, which must be registered with their owners before the message is sent."""
+    """What pickling a message collects besides bytes: the RRef forks it creates, which must be
+    registered with their owners before the message is sent."""
 
-    __slots__ = ("dest_id", "forks")
+    __slots__ = ("forks",)
 
-    def __init__(self, dest_id: int) -> None:
-        self.dest_id = dest_id
+    def __init__(self) -> None:
         # (owner id, rref id, fork id) per fork, ids as (creator, local) pairs
         self.forks: List[Tuple[int, Tuple[int, int], Tuple[int, int]]] = []
 
@@ -189,11 +188,10 @@ def _dump(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
         out.buffers.clear()
 
 
-def serialize(obj: Any, dest_id: int) -> Tuple[List[Any], SendContext]:
-    """Pickle ``obj`` for worker ``dest_id``: the message's segments (the pickle, its
-    out-of-band buffers, and if there are any, their kinds) and the context holding the RRef
-    forks it made."""
-    context = SendContext(dest_id)
+def serialize(obj: Any) -> Tuple[List[Any], SendContext]:
+    """Pickle ``obj``: the message's segments (the pickle, its out-of-band buffers, and if there
+    are any, their kinds) and the context holding the RRef forks it made."""
+    context = SendContext()
     _sending.context = context
     try:
         try:

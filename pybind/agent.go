@@ -1,0 +1,192 @@
+package pybind
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// Agent is a worker's agent as Python holds it.
+type Agent struct {
+	agent    *core.Agent
+	requests chan *Request
+	events   chan *Event
+
+	lendMu   sync.Mutex
+	nextLend int64
+	lent     map[int64]core.Message // memory Python uses in place, by lend id
+
+	shutdownDone chan struct{}
+	shutdownErr  error
+	shutdownOnce sync.Once
+}
+
+// Starter is a join of the world under way (BeginStart).
+type Starter struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	agent  *Agent
+	err    error
+}
+
+// BeginStart starts joining the world and returns at once; Wait reports when the join is
+// over, Agent returns its outcome, and Cancel abandons it (as on Ctrl-C). maxMessageSize
+// bounds each message sent or received (0: the default); a non-empty token is the world's
+// shared secret; non-empty certFile, keyFile and caFile put the world under mutual TLS.
+func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile string) *Starter {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Starter{done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(s.done)
+		defer recovered(&s.err)
+		var tlsFiles *core.TLSFiles
+		if certFile != "" || keyFile != "" || caFile != "" {
+			tlsFiles = &core.TLSFiles{Cert: certFile, Key: keyFile, CA: caFile}
+		}
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles)
+	}()
+	return s
+}
+
+// Wait waits up to timeoutMs for the join; it reports whether it is over.
+func (s *Starter) Wait(timeoutMs int) bool {
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-s.done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// Cancel abandons the join: it fails with a cancellation error and releases what it held.
+func (s *Starter) Cancel() {
+	s.cancel()
+	<-s.done
+	if s.agent != nil {
+		s.agent.agent.Shutdown(context.Background(), false)
+		s.agent, s.err = nil, context.Canceled
+	}
+}
+
+// Agent waits for the join and returns the agent, or why the world could not be joined.
+func (s *Starter) Agent() (*Agent, error) {
+	<-s.done
+	return s.agent, s.err
+}
+
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles) (*Agent, error) {
+	a := &Agent{
+		requests:     make(chan *Request, 1<<16),
+		events:       make(chan *Event, 1<<16),
+		lent:         map[int64]core.Message{},
+		shutdownDone: make(chan struct{}),
+	}
+	ag, err := core.Start(ctx, core.Config{
+		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
+		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
+		MaxMessageSize: maxMessageSize,
+		Token:          token,
+		TLS:            tlsFiles,
+		Handlers:       map[string]core.Handler{PyMethod: queueHandler{a}},
+		OnRRefDropped: func(id core.RRefID) {
+			a.post(&Event{kind: EventRRefDropped, rref: id})
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.agent = ag
+	return a, nil
+}
+
+// Return takes back memory lent to Python (Segments.Lend) once Python no longer uses it.
+func (a *Agent) Return(lendID int64) {
+	a.lendMu.Lock()
+	msg, ok := a.lent[lendID]
+	delete(a.lent, lendID)
+	a.lendMu.Unlock()
+	if ok {
+		msg.Release()
+	}
+}
+
+// Goroutines is the number of goroutines in this process (tests look for leaks with it).
+func (a *Agent) Goroutines() int { return runtime.NumGoroutine() }
+
+// Lent is the number of received messages Python still uses in place.
+func (a *Agent) Lent() int {
+	a.lendMu.Lock()
+	defer a.lendMu.Unlock()
+	return len(a.lent)
+}
+
+// Name is this worker's name.
+func (a *Agent) Name() string { return a.agent.Self().Name }
+
+// ID is this worker's rank.
+func (a *Agent) ID() int { return a.agent.Self().ID }
+
+// WorldSize is the number of workers.
+func (a *Agent) WorldSize() int { return len(a.agent.Workers()) }
+
+// WorkerName is the name of worker id, or "" if there is none.
+func (a *Agent) WorkerName(id int) string {
+	ws := a.agent.Workers()
+	if id < 0 || id >= len(ws) {
+		return ""
+	}
+	return ws[id].Name
+}
+
+// WorkerID is the id of the worker called name, or -1 if there is none.
+func (a *Agent) WorkerID(name string) int {
+	w, ok := a.agent.Worker(name)
+	if !ok {
+		return -1
+	}
+	return w.ID
+}
+
+// Closed reports whether the agent's shutdown is complete.
+func (a *Agent) Closed() bool {
+	select {
+	case <-a.shutdownDone:
+		return true
+	default:
+		return false
+	}
+}
+
+// BeginShutdown starts leaving the world; WaitShutdown reports when it is done. A graceful
+// shutdown waits, for at most timeoutMs if it is positive, for every worker to shut down.
+func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
+	a.shutdownOnce.Do(func() {
+		go func() {
+			defer close(a.shutdownDone)
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if timeoutMs > 0 {
+				ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+			}
+			defer cancel()
+			a.shutdownErr = a.agent.Shutdown(ctx, graceful)
+		}()
+	})
+}
+
+// WaitShutdown waits up to timeoutMs for the shutdown BeginShutdown started; it reports
+// whether it is done, and its error.
+func (a *Agent) WaitShutdown(timeoutMs int) (bool, error) {
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-a.shutdownDone:
+		return true, a.shutdownErr
+	case <-t.C:
+		return false, nil
+	}
+}

@@ -1,0 +1,108 @@
+package pybind
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// Call is one outgoing call.
+type Call struct {
+	agent  *Agent
+	future *core.CallFuture
+}
+
+// Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
+// longer uses the request's memory.
+func (c *Call) Wait(timeoutMs int) bool {
+	done, sent := c.future.Done(), c.future.Sent()
+	select {
+	case <-done:
+		select {
+		case <-sent:
+			return true
+		default:
+		}
+	default:
+	}
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		return false
+	}
+	select {
+	case <-c.future.Sent():
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+func (c *Call) outcome() (*Segments, error) {
+	msg, err := c.future.Result()
+	var re *core.RemoteError
+	if errors.As(err, &re) {
+		msg = re.Payload
+	}
+	return &Segments{msg: msg, agent: c.agent}, err
+}
+
+// Status is the call's outcome kind (StatusOK, StatusRemoteError, …); it waits for the call.
+func (c *Call) Status() int {
+	_, err := c.outcome()
+	return statusOf(err)
+}
+
+// ErrorMessage is the error's text, or "" if the call succeeded; it waits for the call.
+func (c *Call) ErrorMessage() string {
+	_, err := c.outcome()
+	var re *core.RemoteError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &re):
+		return re.Message
+	default:
+		return err.Error()
+	}
+}
+
+// Result is the reply, or for a remote error the detail the handler attached; it waits.
+func (c *Call) Result() *Segments {
+	s, _ := c.outcome()
+	return s
+}
+
+// Call sends the message whose nseg segments the table at table names to worker to. A
+// message of at least the chunk size is sent from Python's memory in place: Python keeps the
+// buffers alive and unchanged until Wait reports the call done. A positive notifyID is queued
+// for NextEvent when the call completes. timeoutMs <= 0 means no deadline.
+func (a *Agent) Call(to int, table uintptr, nseg int, timeoutMs int, notifyID int64) (c *Call, err error) {
+	defer recovered(&err)
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if timeoutMs > 0 {
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+	}
+	borrow := tableSize(table, nseg) >= BorrowThreshold
+	c = &Call{agent: a, future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg, borrow))}
+	c.future.AfterDone(func() {
+		cancel()
+		if notifyID <= 0 {
+			return
+		}
+		select {
+		case <-c.future.Sent():
+			a.post(&Event{kind: EventCallDone, notifyID: notifyID})
+		default: // a big request still being given up on: tell Python once it is
+			go func() {
+				<-c.future.Sent()
+				a.post(&Event{kind: EventCallDone, notifyID: notifyID})
+			}()
+		}
+	})
+	return c, nil
+}

@@ -1,0 +1,79 @@
+package pybind
+
+import (
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// queueHandler hands Python-level requests to Python's executor threads.
+type queueHandler struct{ a *Agent }
+
+func (h queueHandler) ServeRPC(call *core.ServerCall) {
+	r := &Request{call: call, Segments: Segments{msg: call.Request, agent: h.a}}
+	select {
+	case h.a.requests <- r:
+	default:
+		// The queue is full: wait for room without stalling the caller's stream.
+		go func() { h.a.requests <- r }()
+	}
+}
+
+// NextRequest returns the next request for Python to run, or nil if none came within
+// timeoutMs or the agent is shut down.
+func (a *Agent) NextRequest(timeoutMs int) *Request {
+	return receive(a.requests, timeoutMs, a.shutdownDone)
+}
+
+// receive takes the next item of ch, waiting at most timeoutMs and not past closed; it
+// returns nil if none came.
+func receive[T any](ch <-chan *T, timeoutMs int, closed <-chan struct{}) *T {
+	select {
+	case v := <-ch:
+		return v
+	default:
+	}
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-t.C:
+	case <-closed:
+	}
+	return nil
+}
+
+// Request is one incoming Python-level call.
+type Request struct {
+	Segments
+	call *core.ServerCall
+}
+
+// Valid reports whether the request is real (gopy turns a nil *Request into an empty one).
+func (r *Request) Valid() bool { return r != nil && r.call != nil }
+
+// CallerName is the calling worker's name.
+func (r *Request) CallerName() string { return r.call.Caller.Name }
+
+// CallerID is the calling worker's id.
+func (r *Request) CallerID() int { return r.call.Caller.ID }
+
+// Reply sends the message the table names back to the caller. A big reply is sent from
+// Python's memory in place, so Reply returns only once it is sent.
+func (r *Request) Reply(table uintptr, nseg int) (err error) {
+	defer recovered(&err)
+	borrow := tableSize(table, nseg) >= BorrowThreshold
+	sent := r.call.Reply(segments(table, nseg, borrow))
+	if borrow {
+		<-sent
+	}
+	return nil
+}
+
+// Fail sends an error with message and the detail the table names back to the caller.
+func (r *Request) Fail(message string, table uintptr, nseg int) (err error) {
+	defer recovered(&err)
+	r.call.Fail(core.NewRemoteError(message, segments(table, nseg, false)))
+	return nil
+}

@@ -4,15 +4,21 @@ The scenario is called with its rank, world size and extra args; what it returns
 traceback it raised) is pickled to outfile for the test to read.
 """
 
+import faulthandler
 import importlib
 import logging
 import os
 import pickle
+import signal
 import sys
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s rank" + os.environ.get("RANK", "?") + " %(name)s %(levelname)s %(message)s")
+
+
+# A world that runs out of time gets SIGTERM first: every thread's stack goes to the log.
+faulthandler.register(signal.SIGTERM, all_threads=True)
 
 
 def main() -> int:

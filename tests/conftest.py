@@ -73,6 +73,10 @@ class World:
         if timed_out:
             for p in self.procs:
                 if p.poll() is None:
+                    p.terminate()  # the runner dumps its threads' stacks on SIGTERM
+            time.sleep(1)
+            for p in self.procs:
+                if p.poll() is None:
                     p.kill()
             for p in self.procs:
                 p.wait(timeout=10)

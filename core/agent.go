@@ -373,6 +373,8 @@ func (a *Agent) serveStream(s Stream) {
 		return
 	}
 	caller := a.workers[hello.CallerID]
+	// A caller whose stream ends may be gone; the RRef forks it held must not keep values.
+	defer func() { go a.forgetIfGone(caller) }()
 	ctx, cancel := context.WithCancel(a.serveCtx)
 	defer cancel()
 	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
@@ -544,6 +546,23 @@ func (a *Agent) answers(w WorkerInfo) bool {
 	}
 	s.Close()
 	return true
+}
+
+// forgetIfGone drops the RRef forks worker held if its agent no longer answers: a dead
+// worker will never release them.
+func (a *Agent) forgetIfGone(w WorkerInfo) {
+	if a.closing() || a.answers(w) {
+		return
+	}
+	dropped := a.refs.releaseHolder(w.ID)
+	if len(dropped) > 0 {
+		a.log.Warn("tensorplay-rpc: dropped RRefs held only by a worker that is gone", "worker", w.Name, "count", len(dropped))
+	}
+	for _, id := range dropped {
+		if a.onRRefDropped != nil {
+			a.onRRefDropped(id)
+		}
+	}
 }
 
 // noteGone records and logs that worker rank is gone.

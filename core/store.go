@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
@@ -58,6 +57,5 @@ func missingRanks(size int, joined []string) string {
 			missing = append(missing, fmt.Sprint(r))
 		}
 	}
-	slices.Sort(missing)
 	return "[" + strings.Join(missing, " ") + "]"
 }

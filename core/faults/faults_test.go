@@ -65,3 +65,35 @@ func TestSurvivorsShutDownGracefully(t *testing.T) {
 		}
 	}
 }
+
+// TestForksOfAGoneWorkerAreDropped: values referenced only by a worker that died are dropped
+// by their owner, not kept forever.
+func TestForksOfAGoneWorkerAreDropped(t *testing.T) {
+	dropped := make(chan core.RRefID, 1)
+	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: echo})
+	cfgs[0].OnRRefDropped = func(id core.RRefID) { dropped <- id }
+	c := coretest.Start(t, cfgs)
+	owner, user := c.Agents[0], c.Agents[1]
+	id, fork := user.NewRRefID(), user.NewRRefID()
+	if err := user.AddFork(context.Background(), 0, id, fork, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := user.Call(context.Background(), "w0", "echo", core.Message{}); err != nil {
+		t.Fatal(err) // the fork is registered once this call, sent after it, is answered
+	}
+	if owner.OwnedRRefs() != 1 {
+		t.Fatalf("owner tracks %d RRefs, want 1", owner.OwnedRRefs())
+	}
+	user.Shutdown(context.Background(), false)
+	select {
+	case got := <-dropped:
+		if got != id {
+			t.Fatalf("dropped %v, want %v", got, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the owner kept a value held only by a worker that is gone")
+	}
+	if owner.OwnedRRefs() != 0 {
+		t.Fatalf("owner still tracks %d RRefs", owner.OwnedRRefs())
+	}
+}

@@ -71,15 +71,7 @@ class World:
                 timed_out = True
                 break
         if timed_out:
-            for p in self.procs:
-                if p.poll() is None:
-                    p.terminate()  # the runner dumps its threads' stacks on SIGTERM
-            time.sleep(1)
-            for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in self.procs:
-                p.wait(timeout=10)
+            end_processes(self.procs)
         results = []
         for rank, p in enumerate(self.procs):
             value, error = None, None
@@ -93,6 +85,21 @@ class World:
         if timed_out:
             raise WorldFailed(f"world timed out after {timeout}s\n" + _describe(results))
         return results
+
+
+def end_processes(procs: List[subprocess.Popen], grace: float = 2.0) -> None:
+    """End every process still running, by PID: SIGTERM first (the runner then dumps every
+    thread's stack to its log), SIGKILL for those still there after ``grace`` seconds."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in running:
+        try:
+            p.wait(timeout=max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
 
 
 def _describe(results: List[RankResult]) -> str:
@@ -151,10 +158,8 @@ def run_world(scenario: str, world_size: int, *, timeout: float = 60, expect_ok:
     try:
         results = world.finish(timeout)
     finally:
-        for p in world.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+        # Also reached when pytest's own timeout interrupts the wait.
+        end_processes(world.procs)
     if expect_ok and any(r.returncode != 0 or r.error for r in results):
         raise WorldFailed(_describe(results))
     return results
@@ -172,7 +177,4 @@ def world():
 
     yield start
     for w in started:
-        for p in w.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+        end_processes(w.procs)

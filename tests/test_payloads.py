@@ -57,6 +57,7 @@ def test_torch_round_trips():
     assert all(out.values()), [k for k, v in out.items() if not v]
 
 
+@pytest.mark.timeout(360)
 def test_a_one_gib_call():
     out = run_world("payloads:one_gib", 2, timeout=300)[0].value
     assert out["seen"] == ("ndarray", "uint64", (1 << 27,), True, out["expected"])

@@ -1,5 +1,7 @@
 """remote(), RRefs and their reference counting, across real worker processes."""
 
+import pytest
+
 import tensorplay_rpc as rpc
 from conftest import run_world
 
@@ -39,6 +41,7 @@ def test_rref_forked_to_a_third_worker_and_back_to_the_owner():
     assert out["tables_1"] and out["tables_2"], "owners still keep values no one references"
 
 
+@pytest.mark.timeout(360)
 def test_remote_then_del_cycles_leave_the_owner_empty():
     out = run_world("rrefs:refcount_cycles", 2, args=["100000"], timeout=300)[0].value
     assert out["emptied"], out["tables"]

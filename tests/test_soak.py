@@ -4,13 +4,17 @@ growing."""
 
 import os
 
+import pytest
+
 from conftest import run_world
 
 SECONDS = float(os.environ.get("TENSORPLAY_SOAK_SECONDS", "20"))
+WORLD_TIMEOUT = SECONDS * 3 + 120
 
 
+@pytest.mark.timeout(WORLD_TIMEOUT + 60)
 def test_soak_leaves_nothing_behind():
-    results = run_world("soak:run", 4, args=[str(SECONDS)], timeout=SECONDS * 3 + 120)
+    results = run_world("soak:run", 4, args=[str(SECONDS)], timeout=WORLD_TIMEOUT)
     for r in results:
         v = r.value
         assert v["calls"] > 50, f"rank {r.rank} hardly ran"

@@ -24,7 +24,7 @@ help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make bench  tensorplay_rpc vs torch.distributed.rpc vs raw TCP, in one run"
-	@echo "make fuzz   fuzz the frame decoder for 5 minutes"
+	@echo "make fuzz   fuzz the frame decoder, the reassembler and the store for 5 minutes each"
 	@echo "make soak   a 10-minute soak of a world of 4"
 
 # Installs only what is missing, so a warm machine does no network work.
@@ -76,15 +76,20 @@ vet: deps
 	go vet ./...
 	@test -z "$$(gofmt -l core pybind tools)" || { echo "gofmt needed:"; gofmt -l core pybind tools; exit 1; }
 
+# Every fuzz target in turn (go test fuzzes one at a time).
+FUZZ_TARGETS := FuzzFrameDecode FuzzReassembly
+
 test-go: deps
-	go test -race -count=1 ./...
-	go test -run '^$$' -fuzz FuzzFrameDecode -fuzztime $(FUZZTIME) ./core
+	go test -race -count=1 -timeout 15m ./...
+	@for target in $(FUZZ_TARGETS); do \
+		go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) ./core || exit 1; \
+	done
 
 # The soak runs 20 s in `make test`, 10 minutes here.
 soak: install
 	cd tests && TENSORPLAY_SOAK_SECONDS=600 ../$(PY) -m pytest -q -p no:cacheprovider test_soak.py
 
-# The frame decoder's fuzzing: briefly in `make test`, longer here.
+# The fuzz targets: briefly in `make test`, longer here.
 FUZZTIME ?= 10s
 fuzz:
 	$(MAKE) --no-print-directory test-go FUZZTIME=5m

@@ -21,7 +21,12 @@ const (
 	DefaultInitTimeout    = 60 * time.Second
 	DefaultMaxMessageSize = 4 << 30
 	DefaultChunkSize      = 1 << 20
+	// DefaultMaxServedPerCaller bounds the calls of one caller being served at once.
+	DefaultMaxServedPerCaller = 1024
 )
+
+// maxMethodName bounds a method name: names are short, and a request's head must fit a frame.
+const maxMethodName = 1024
 
 // Config describes one worker of a world.
 type Config struct {
@@ -58,6 +63,14 @@ type Config struct {
 	// ChunkSize is the most a frame carries: bigger messages travel in chunks of this size,
 	// interleaved with other traffic; 0 means DefaultChunkSize. At most 8 MiB.
 	ChunkSize int
+	// ReceiveBudget bounds the memory of big messages being received at once, from all peers
+	// together; 0 means DefaultReceiveBudget. A message that does not fit waits, and its
+	// sender is slowed by flow control; one bigger than the whole budget fails its call.
+	ReceiveBudget int64
+	// MaxServedPerCaller bounds the calls of one caller being served at once; 0 means
+	// DefaultMaxServedPerCaller. When a caller has that many, its stream is not read until
+	// one is answered, so flow control slows it instead of work piling up here.
+	MaxServedPerCaller int
 	// OnRRefDropped is called when an RRef this worker owns is referenced nowhere any more,
 	// so its value can be dropped. It must not block.
 	OnRRefDropped func(RRefID)
@@ -82,8 +95,10 @@ type Agent struct {
 	leaveStore  func() error // set for stores that need to hear a worker leave
 	log         *slog.Logger
 
-	maxMessageSize int64
-	chunkSize      int
+	maxMessageSize     int64
+	chunkSize          int
+	receiveBudget      *receiveBudget
+	maxServedPerCaller int
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -124,6 +139,19 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.InitMethod == "" {
 		cfg.InitMethod = "env://"
 	}
+	for _, limit := range []struct {
+		name  string
+		value int64
+	}{
+		{"MaxMessageSize", cfg.MaxMessageSize},
+		{"ChunkSize", int64(cfg.ChunkSize)},
+		{"ReceiveBudget", cfg.ReceiveBudget},
+		{"MaxServedPerCaller", int64(cfg.MaxServedPerCaller)},
+	} {
+		if limit.value < 0 {
+			return nil, fmt.Errorf("config: %s must not be negative, got %d (0 means the default)", limit.name, limit.value)
+		}
+	}
 	a := &Agent{
 		transport: cfg.Transport,
 		store:     cfg.Store,
@@ -131,8 +159,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		handlers:  map[string]Handler{},
 		ready:     make(chan struct{}),
 
-		maxMessageSize: cmp.Or(cfg.MaxMessageSize, DefaultMaxMessageSize),
-		chunkSize:      min(cmp.Or(cfg.ChunkSize, DefaultChunkSize), maxFrameBytes/2),
+		maxMessageSize:     cmp.Or(cfg.MaxMessageSize, DefaultMaxMessageSize),
+		chunkSize:          min(cmp.Or(cfg.ChunkSize, DefaultChunkSize), maxFrameBytes/2),
+		maxServedPerCaller: cmp.Or(cfg.MaxServedPerCaller, DefaultMaxServedPerCaller),
 
 		refs:          newRefTable(),
 		onRRefDropped: cfg.OnRRefDropped,
@@ -141,6 +170,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.log == nil {
 		a.log = slog.Default()
 	}
+	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, DefaultReceiveBudget(a.maxMessageSize)))
 	if a.transport == nil {
 		t, err := NewGRPCTransport(cfg.Token, cfg.TLS)
 		if err != nil {
@@ -241,6 +271,12 @@ func (a *Agent) Worker(name string) (WorkerInfo, bool) {
 	return a.workers[id], true
 }
 
+// ReceiveMemory reports the bytes of big messages being received now, reserved from the
+// receive budget, and the budget.
+func (a *Agent) ReceiveMemory() (inUse, budget int64) {
+	return a.receiveBudget.inUse(), a.receiveBudget.limit
+}
+
 // Register adds or replaces the handler of method.
 func (a *Agent) Register(method string, h Handler) {
 	a.handlersMu.Lock()
@@ -289,6 +325,10 @@ func (a *Agent) callID(ctx context.Context, to int, method string, req Message, 
 	}
 	if err := ctx.Err(); err != nil {
 		f.complete(Message{}, a.contextError(ctx, a.workers[to].Name))
+		return f
+	}
+	if len(method) > maxMethodName {
+		f.complete(Message{}, fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", a.workers[to].Name, len(method), maxMethodName))
 		return f
 	}
 	if size := int64(req.Size()); size > a.maxMessageSize {
@@ -359,6 +399,12 @@ func (a *Agent) contextError(ctx context.Context, worker string) error {
 
 // serveStream serves the calls a peer makes over one stream.
 func (a *Agent) serveStream(s Stream) {
+	caller := WorkerInfo{Name: "an unidentified peer"}
+	defer func() {
+		if r := recover(); r != nil {
+			reportPanic(a.log, caller.Name, "serving a caller's stream", r, nil)
+		}
+	}()
 	hello, err := s.Recv()
 	if err != nil {
 		return
@@ -369,28 +415,39 @@ func (a *Agent) serveStream(s Stream) {
 		return
 	}
 	if hello.Kind != FrameHello || hello.CallerID < 0 || hello.CallerID >= len(a.workers) || a.workers[hello.CallerID].Name != hello.Method {
-		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name)
+		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name, "from", streamOrigin(s))
 		return
 	}
-	caller := a.workers[hello.CallerID]
+	if err := a.checkIdentity(s, a.workers[hello.CallerID]); err != nil {
+		a.log.Warn("tensorplay-rpc: refused a stream: "+err.Error(), "worker", a.self.Name)
+		return
+	}
+	caller = a.workers[hello.CallerID]
 	// A caller whose stream ends may be gone; the RRef forks it held must not keep values.
 	defer func() { go a.forgetIfGone(caller) }()
 	ctx, cancel := context.WithCancel(a.serveCtx)
 	defer cancel()
 	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
 	defer writer.close(ErrShutdown)
+	// Each call being served holds a slot until its reply is sent; with none free the stream
+	// is not read, so the caller's flow control, not this worker's memory, takes up the
+	// excess.
+	slots := make(chan struct{}, a.maxServedPerCaller)
+	freeSlot := func() { <-slots }
 	reply := func(fr *Frame, msg Message) <-chan struct{} {
 		if a.closing() {
+			freeSlot()
 			return closedChan
 		}
-		out, err := writer.send(fr, msg)
+		out, err := writer.send(fr, msg, freeSlot)
 		if err != nil {
+			freeSlot()
 			a.log.Debug("tensorplay-rpc: reply not sent", "to", caller.Name, "err", err)
 			return closedChan
 		}
 		return out.sent
 	}
-	incoming := newReassembler(a.maxMessageSize)
+	incoming := newReassembler(ctx, a.maxMessageSize, a.receiveBudget)
 	incoming.attach(s)
 	defer incoming.close()
 	for {
@@ -398,9 +455,11 @@ func (a *Agent) serveStream(s Stream) {
 		if err != nil {
 			return
 		}
-		fr, msg, err := incoming.add(fr)
+		fr, msg, refused, err := incoming.add(fr)
 		if err != nil {
-			a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)
+			if ctx.Err() == nil {
+				a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)
+			}
 			return
 		}
 		if fr == nil {
@@ -408,10 +467,21 @@ func (a *Agent) serveStream(s Stream) {
 		}
 		switch fr.Kind {
 		case FrameRequest:
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				msg.Release()
+				return
+			}
+			if refused != nil {
+				reply(&Frame{Kind: FrameResponse, ID: fr.ID, Status: StatusTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
+				continue
+			}
 			a.dispatch(ctx, caller, fr, msg, reply)
 		case FrameRefs:
-			a.applyRefOps(fr.Refs)
+			a.applyRefOpsFrom(caller, fr.Refs)
 		default:
+			msg.Release()
 			a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)
 		}
 	}
@@ -424,7 +494,7 @@ func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, msg
 	h := a.handler(req.Method)
 	if h == nil {
 		msg.Release()
-		respond(&Frame{Kind: FrameResponse, ID: id, Status: StatusNoHandler, Error: fmt.Sprintf("method %q is not registered", req.Method)}, Message{})
+		respond(&Frame{Kind: FrameResponse, ID: id, Status: StatusNoHandler, Error: fmt.Sprintf("method %q is not registered", truncateText(req.Method, maxMethodName))}, Message{})
 		return
 	}
 	cancel := context.CancelFunc(func() {})
@@ -432,18 +502,26 @@ func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, msg
 		// The grace lets the caller's own timer, not a reply to a give-up, decide the outcome.
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMs)*time.Millisecond+calleeDeadlineGrace)
 	}
-	h.ServeRPC(&ServerCall{
+	call := &ServerCall{
 		Caller:  caller,
 		Method:  req.Method,
 		Request: msg,
 		ctx:     ctx,
 		maxSize: a.maxMessageSize,
+		log:     a.log,
 		respond: func(resp *Frame, m Message) <-chan struct{} {
 			cancel()
 			resp.ID = id
 			return respond(resp, m)
 		},
-	})
+	}
+	// A handler that panics fails its own call; the stream goes on serving.
+	defer func() {
+		if r := recover(); r != nil {
+			reportPanic(a.log, caller.Name, "running the handler of "+truncateText(req.Method, maxMethodName), r, call.Fail)
+		}
+	}()
+	h.ServeRPC(call)
 }
 
 // closing reports whether shutdown has begun closing the agent.

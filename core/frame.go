@@ -57,6 +57,7 @@ type Frame struct {
 
 	// chunkSink, set by a stream's reader before decoding, gives the memory a chunk's bytes
 	// go to; sunk says they went there.
-	chunkSink func(id uint64, offset int64, n int) []byte
+	chunkSink chunkSink
 	sunk      bool
+	dropped   int // the length of a sunk chunk whose bytes were dropped
 }

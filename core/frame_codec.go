@@ -180,15 +180,36 @@ func (f *Frame) decodePayload(dec *msgpack.Decoder) ([]byte, error) {
 	if err != nil || n < 0 {
 		return nil, err
 	}
-	dst := f.chunkSink(f.ID, f.Offset, n)
-	if dst == nil {
+	dst, ok := f.chunkSink(f.ID, f.Offset, n)
+	if !ok {
 		return nil, fmt.Errorf("chunk of message %d at %d+%d does not fit a message being received", f.ID, f.Offset, n)
+	}
+	if dst == nil {
+		// A refused message's chunk: its bytes are read and dropped, its length still counts.
+		if err := skipBytes(dec, n); err != nil {
+			return nil, err
+		}
+		f.sunk, f.dropped = true, n
+		return nil, nil
 	}
 	if err := dec.ReadFull(dst); err != nil {
 		return nil, err
 	}
 	f.sunk = true
 	return dst, nil
+}
+
+// skipBytes reads n bytes and drops them.
+func skipBytes(dec *msgpack.Decoder, n int) error {
+	var scratch [4096]byte
+	for n > 0 {
+		k := min(n, len(scratch))
+		if err := dec.ReadFull(scratch[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 func decodeLen(dec *msgpack.Decoder, what string, limit int) (int, error) {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -42,7 +43,7 @@ func FuzzFrameDecode(f *testing.F) {
 		if back.Kind != fr.Kind || back.ID != fr.ID || !bytes.Equal(back.Payload, fr.Payload) || len(back.Sizes) != len(fr.Sizes) {
 			t.Fatal("a frame changed in a round trip")
 		}
-		r := newReassembler(1 << 20)
+		r := newReassembler(context.Background(), 1<<20, newReceiveBudget(1<<20))
 		defer r.close()
 		r.add(&fr)
 	})

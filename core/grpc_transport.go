@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,13 +11,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/msgpackcodec"
 )
@@ -33,6 +29,11 @@ const (
 	// maxFrameBytes bounds one gRPC message: bigger data travels in chunks, so a peer that
 	// announces more is refused before gRPC allocates what it claims.
 	maxFrameBytes = 16 << 20
+	// maxStreamsPerConn, maxHeaderBytes and handshakeTimeout bound what any connection,
+	// authenticated or not, can hold on the server.
+	maxStreamsPerConn = 16
+	maxHeaderBytes    = 8 << 10
+	handshakeTimeout  = 10 * time.Second
 )
 
 var agentStreamDesc = grpc.StreamDesc{StreamName: "Stream", ServerStreams: true, ClientStreams: true}
@@ -44,51 +45,19 @@ var fastBackoff = grpc.ConnectParams{
 	MinConnectTimeout: 2 * time.Second,
 }
 
-// tokenHeader carries a world's shared secret on every gRPC call and stream.
-const tokenHeader = "tensorplay-token"
-
-// tokenCredentials attaches the world's token to every call.
-type tokenCredentials string
-
-func (t tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{tokenHeader: string(t)}, nil
-}
-
-// RequireTransportSecurity is false: the token also guards plaintext worlds (see TLS for
-// keeping it secret on the wire).
-func (tokenCredentials) RequireTransportSecurity() bool { return false }
-
-// checkToken refuses a call that does not carry token, before any of its messages is decoded.
-func checkToken(ctx context.Context, token string) error {
-	if token == "" {
-		return nil
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	if got := md.Get(tokenHeader); len(got) == 1 && subtle.ConstantTimeCompare([]byte(got[0]), []byte(token)) == 1 {
-		return nil
-	}
-	from := "an unknown address"
-	if p, ok := grpcpeer.FromContext(ctx); ok {
-		from = p.Addr.String()
-	}
-	slog.Warn("tensorplay-rpc: refused a connection without the world's token", "from", from)
-	return status.Error(codes.Unauthenticated, "this world requires its token (TENSORPLAY_RPC_TOKEN)")
-}
-
-// grpcServerOptions checks the token of every stream before its handler reads a message;
-// unary handlers (the store's) check it themselves, before decoding their request.
+// grpcServerOptions bounds what a peer can make the server hold before it has shown the
+// token, and checks the token of every stream before gRPC hands it to a handler.
 func grpcServerOptions(sec security) []grpc.ServerOption {
-	token := sec.token
 	opts := []grpc.ServerOption{
-		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-			if err := checkToken(ss.Context(), token); err != nil {
-				return err
-			}
-			return handler(srv, ss)
-		}),
+		grpc.InTapHandle(sec.tap),
 		grpc.ForceServerCodecV2(msgpackcodec.Codec{}),
 		grpc.MaxRecvMsgSize(maxFrameBytes),
 		grpc.MaxSendMsgSize(maxFrameBytes),
+		// A worker opens one stream per connection, and a store client one call at a time.
+		grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		grpc.MaxHeaderListSize(maxHeaderBytes),
+		// A connection that has not finished its handshake by then is dropped.
+		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.InitialWindowSize(grpcWindow),
 		grpc.InitialConnWindowSize(grpcWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
@@ -97,23 +66,6 @@ func grpcServerOptions(sec security) []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(sec.server))
 	}
 	return opts
-}
-
-// security is what guards a world's connections: its token and its TLS credentials.
-type security struct {
-	token          string
-	server, client credentials.TransportCredentials // nil without TLS
-}
-
-func newSecurity(token string, files *TLSFiles) (security, error) {
-	sec := security{token: token}
-	if files != nil {
-		var err error
-		if sec.server, sec.client, err = files.credentials(); err != nil {
-			return security{}, err
-		}
-	}
-	return sec, nil
 }
 
 func grpcDialOptions(sec security) []grpc.DialOption {
@@ -144,7 +96,11 @@ func grpcDialOptions(sec security) []grpc.DialOption {
 // GRPCTransport is the Transport of real worlds: one gRPC server per agent and one client
 // connection with one bidirectional stream per peer dialed.
 type GRPCTransport struct {
-	sec     security
+	sec security
+	// localIP is the address this transport listens on; streams it dials leave from it, so
+	// peers can check that a stream comes from the host the worker registered.
+	localIP net.IP
+
 	mu      sync.Mutex
 	server  *grpc.Server
 	conns   []*grpc.ClientConn
@@ -175,6 +131,9 @@ func (t *GRPCTransport) Listen(host string, serve func(Stream)) (string, error) 
 		})
 	}
 	srv := grpc.NewServer(grpcServerOptions(t.sec)...)
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+		t.localIP = ip
+	}
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: agentService,
 		HandlerType: (*any)(nil),
@@ -202,7 +161,11 @@ func (t *GRPCTransport) Listen(host string, serve func(Stream)) (string, error) 
 
 // Dial opens a stream to addr, failing fast if nothing listens there.
 func (t *GRPCTransport) Dial(ctx context.Context, addr string) (Stream, error) {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(t.sec)...)
+	opts := grpcDialOptions(t.sec)
+	if t.localIP != nil {
+		opts = append(opts, grpc.WithContextDialer(t.dialFromLocalIP))
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
@@ -229,7 +192,20 @@ func (t *GRPCTransport) Dial(ctx context.Context, addr string) (Stream, error) {
 	return s, nil
 }
 
-// Close stops the server at once and breaks every dialed stream.
+// dialFromLocalIP connects to addr from the address this transport listens on, unless that
+// cannot reach it (a loopback address toward another host).
+func (t *GRPCTransport) dialFromLocalIP(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() == t.localIP.IsLoopback() {
+			d.LocalAddr = &net.TCPAddr{IP: t.localIP}
+		}
+	}
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// Close stops the server at once and breaks every dialed stream. The server goes first: a
+// peer that sees this worker's streams end and probes it must find it gone.
 func (t *GRPCTransport) Close() error {
 	t.mu.Lock()
 	t.closed = true
@@ -237,17 +213,18 @@ func (t *GRPCTransport) Close() error {
 	streams := t.streams
 	t.streams = map[*grpcClientStream]struct{}{}
 	t.mu.Unlock()
-	for s := range streams {
-		s.close()
-	}
 	if srv != nil {
 		srv.Stop()
+	}
+	for s := range streams {
+		s.close()
 	}
 	return nil
 }
 
-// chunkSink is where a stream's reader wants chunk bytes decoded to.
-type chunkSink = func(id uint64, offset int64, n int) []byte
+// chunkSink is where a stream's reader wants chunk bytes decoded to: dst, or nowhere (dst nil
+// and ok set) for a message being dropped; ok unset refuses the chunk.
+type chunkSink = func(id uint64, offset int64, n int) (dst []byte, ok bool)
 
 // sinkSetter is implemented by streams that decode frames, so chunks can be decoded in place.
 type sinkSetter interface{ setChunkSink(chunkSink) }
@@ -258,7 +235,24 @@ type grpcServerStream struct {
 }
 
 func (s *grpcServerStream) setChunkSink(sink chunkSink) { s.sink = sink }
-func (s *grpcServerStream) Send(f *Frame) error         { return s.ss.SendMsg(f) }
+
+// Identity implements IdentifiedStream: the peer's address and its certificate's names.
+func (s *grpcServerStream) Identity() PeerIdentity {
+	p, ok := grpcpeer.FromContext(s.ss.Context())
+	if !ok {
+		return PeerIdentity{}
+	}
+	id := PeerIdentity{Addr: p.Addr.String()}
+	if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+		leaf := info.State.PeerCertificates[0]
+		if leaf.Subject.CommonName != "" {
+			id.Names = append(id.Names, leaf.Subject.CommonName)
+		}
+		id.Names = append(id.Names, leaf.DNSNames...)
+	}
+	return id
+}
+func (s *grpcServerStream) Send(f *Frame) error { return s.ss.SendMsg(f) }
 func (s *grpcServerStream) Recv() (*Frame, error) {
 	f := &Frame{chunkSink: s.sink}
 	if err := s.ss.RecvMsg(f); err != nil {

@@ -3,25 +3,39 @@ package core
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 )
 
+// maxErrorText bounds the error text of a failed call: a response's head must fit one frame,
+// and a huge message must not tear down the stream other calls share.
+const maxErrorText = 64 << 10
+
 // Handler serves the calls made to one method.
 //
-// ServeRPC runs on the goroutine that reads the caller's stream, so it must not block: it
+// ServeRPC runs on the goroutine that reads the caller's stream, so it should not block: it
 // replies, now or later and from any goroutine, with exactly one call.Reply or call.Fail.
-// [HandlerFunc] adapts an ordinary blocking function.
+// While it blocks, the caller's stream is not read: a handler may do that to push back when
+// it is full, until call.Context() ends. [HandlerFunc] adapts an ordinary blocking function.
+// A panic in ServeRPC fails the call, not the worker.
 type Handler interface {
 	ServeRPC(call *ServerCall)
 }
 
 // HandlerFunc is a blocking handler; each call runs it on a goroutine of its own. req is valid
-// only until the function returns.
+// only until the function returns. A panic fails the call, not the worker.
 type HandlerFunc func(ctx context.Context, req Message) (Message, error)
 
 // ServeRPC implements Handler.
 func (f HandlerFunc) ServeRPC(call *ServerCall) {
 	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				reportPanic(call.log, call.Caller.Name, "running the handler of "+truncateText(call.Method, maxMethodName), r, call.Fail)
+				call.Request.Release()
+			}
+		}()
 		resp, err := f(call.Context(), call.Request)
 		if err != nil {
 			call.Fail(err)
@@ -43,6 +57,7 @@ type ServerCall struct {
 
 	ctx     context.Context
 	maxSize int64
+	log     *slog.Logger
 	respond func(*Frame, Message) <-chan struct{}
 	once    sync.Once
 }
@@ -76,6 +91,23 @@ func (c *ServerCall) Fail(err error) {
 		if re, ok := err.(*RemoteError); ok {
 			f.Error, detail = re.Message, re.Payload
 		}
+		f.Error = truncateText(f.Error, maxErrorText)
+		if size := int64(detail.Size()); size > c.maxSize {
+			f.Error = truncateText(fmt.Sprintf("%s (its %d-byte detail was over the %d-byte limit and was left out)", f.Error, size, c.maxSize), maxErrorText)
+			detail = Message{}
+		}
 		<-c.respond(f, detail)
 	})
+}
+
+// truncateText returns s cut to at most limit bytes, keeping its head and its tail (where a
+// traceback says what happened) around a note of what was left out.
+func truncateText(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	note := fmt.Sprintf("\n[... %d bytes left out ...]\n", len(s)-limit)
+	keep := max(0, limit-len(note))
+	head := keep / 2
+	return strings.ToValidUTF8(s[:head]+note+s[len(s)-(keep-head):], "")
 }

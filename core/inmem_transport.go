@@ -58,6 +58,9 @@ func (t *InmemTransport) Dial(ctx context.Context, addr string) (Stream, error) 
 		return nil, fmt.Errorf("dial %s: connection refused", addr)
 	}
 	local, far := newInmemPipe()
+	t.mu.Lock()
+	far.from = t.addr
+	t.mu.Unlock()
 	if !t.track(local) {
 		return nil, ErrShutdown
 	}
@@ -116,7 +119,11 @@ type inmemPipeEnd struct {
 
 type inmemStream struct {
 	in, out *inmemPipeEnd
+	from    string // on an accepted stream, the address the dialing transport listens on
 }
+
+// Identity implements IdentifiedStream.
+func (s *inmemStream) Identity() PeerIdentity { return PeerIdentity{Addr: s.from} }
 
 func newInmemPipe() (*inmemStream, *inmemStream) {
 	a := &inmemPipeEnd{ch: make(chan *Frame, 64), closed: make(chan struct{})}

@@ -22,6 +22,8 @@ type peerConn struct {
 	peer   *peer
 	stream Stream
 	writer *frameWriter
+	ctx    context.Context // ends when the stream fails
+	cancel context.CancelFunc
 
 	mu      sync.Mutex
 	pending map[uint64]*CallFuture
@@ -72,9 +74,11 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 		return nil, fmt.Errorf("%w: cannot reach worker %q at %s: %w", ErrPeerLost, p.info.Name, p.info.Addr, err)
 	}
 	c := &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}
+	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
 	self := p.agent.self
 	if err := c.writer.sendFrame(&Frame{Kind: FrameHello, Method: self.Name, CallerID: self.ID}); err != nil {
+		c.cancel()
 		s.Close()
 		return nil, err
 	}
@@ -90,7 +94,7 @@ func (c *peerConn) send(id uint64, f *CallFuture, req *Frame, msg Message) error
 	}
 	c.pending[id] = f
 	c.mu.Unlock()
-	out, err := c.writer.send(req, msg)
+	out, err := c.writer.send(req, msg, nil)
 	if err != nil {
 		c.fail(err)
 		return nil
@@ -122,7 +126,13 @@ func (c *peerConn) take(id uint64) *CallFuture {
 }
 
 func (c *peerConn) readLoop() {
-	incoming := newReassembler(c.peer.agent.maxMessageSize)
+	a, name := c.peer.agent, c.peer.info.Name
+	defer func() {
+		if r := recover(); r != nil {
+			reportPanic(a.log, name, "reading replies", r, c.fail)
+		}
+	}()
+	incoming := newReassembler(c.ctx, a.maxMessageSize, a.receiveBudget)
 	incoming.attach(c.stream)
 	defer incoming.close()
 	for {
@@ -131,7 +141,7 @@ func (c *peerConn) readLoop() {
 			c.fail(err)
 			return
 		}
-		fr, msg, err := incoming.add(fr)
+		fr, msg, refused, err := incoming.add(fr)
 		if err != nil {
 			c.fail(fmt.Errorf("bad frame: %w", err))
 			return
@@ -140,7 +150,15 @@ func (c *peerConn) readLoop() {
 			continue
 		}
 		if fr.Kind != FrameResponse {
-			c.peer.agent.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", c.peer.info.Name, "kind", fr.Kind)
+			msg.Release()
+			a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
+			continue
+		}
+		if refused != nil {
+			// Only this call fails; its chunks are dropped as they come.
+			if f := c.take(fr.ID); f != nil {
+				f.complete(Message{}, fmt.Errorf("the reply of worker %q was refused: %w", name, refused))
+			}
 			continue
 		}
 		if f := c.take(fr.ID); f != nil {
@@ -174,6 +192,7 @@ func (c *peerConn) fail(cause error) {
 		p.conn = nil
 	}
 	p.mu.Unlock()
+	c.cancel()
 	c.writer.close(c.broken)
 	c.stream.Close()
 	for _, f := range pending {

@@ -1,78 +1,159 @@
 package core
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"math"
+	"sync/atomic"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 )
 
-// maxBuffersPerMessage bounds how many buffers a message may announce.
-const maxBuffersPerMessage = 1 << 16
+const (
+	// maxBuffersPerMessage bounds how many buffers a message may announce.
+	maxBuffersPerMessage = 1 << 16
+	// interleaveWindow bounds the bytes of big messages one stream sends in turns: a writer
+	// starts another big message while one is under way only if both fit in it, so a receiver
+	// never needs more than this much memory on one stream beyond a message it waited for.
+	interleaveWindow = 64 << 20
+	// maxInterleaved bounds how many big messages one stream sends in turns.
+	maxInterleaved = 64
+)
 
 var pool bufpool.Pool
 
-// reassembler rebuilds the chunked messages arriving on one stream direction. Announced sizes
-// are checked against the limit before anything is allocated.
+// reassembler rebuilds the chunked messages arriving on one stream direction. Every size and
+// offset a peer announces is checked, without overflow, before it is used; the memory of a
+// message is reserved from the agent's receive budget when its header arrives and allocated
+// when its first chunk does.
 type reassembler struct {
 	maxSize  int64
+	budget   *receiveBudget
+	ctx      context.Context // waits for budget end with it
 	messages map[uint64]*inMessage
+	// inProgress is the bytes announced by the messages being received on this stream.
+	inProgress int64
 }
 
 type inMessage struct {
 	header   *Frame
-	buf      []byte
+	sizes    []int64
+	total    int64
+	buf      []byte // allocated at the first chunk; stays nil for a refused message
 	received int64
+	refused  bool  // over a limit: its chunks are read and dropped
+	reserved int64 // bytes held in the receive budget
 }
 
-func newReassembler(maxSize int64) *reassembler {
-	return &reassembler{maxSize: maxSize, messages: map[uint64]*inMessage{}}
+func newReassembler(ctx context.Context, maxSize int64, budget *receiveBudget) *reassembler {
+	return &reassembler{maxSize: maxSize, budget: budget, ctx: ctx, messages: map[uint64]*inMessage{}}
 }
 
-// add takes one frame; it returns a frame ready to handle (the frame itself when it is not
-// chunked, or the completed message), nil while a message is incomplete, or an error for a
-// frame that breaks the protocol.
-func (r *reassembler) add(f *Frame) (*Frame, Message, error) {
+// errProtocol marks frames no honest peer sends; the stream that carried them is dropped.
+var errProtocol = errors.New("protocol violation")
+
+// add takes one frame. It returns a frame ready to handle and its message (the frame itself
+// when it is not chunked, or the completed message), nothing while a message is incomplete,
+// or refused: the header of a message this worker will not take (over its size limit or its
+// receive budget), whose chunks it drops. err is a protocol violation: the stream must end.
+// add may wait for room in the receive budget.
+func (r *reassembler) add(f *Frame) (fr *Frame, msg Message, refused error, err error) {
 	switch f.Kind {
 	case FrameChunk:
-		return r.chunk(f)
+		fr, msg, err = r.chunk(f)
+		return fr, msg, nil, err
 	case FrameAbort:
 		if m := r.messages[f.ID]; m != nil {
-			delete(r.messages, f.ID)
-			pool.Put(m.buf)
+			r.drop(f.ID, m)
 		}
-		return nil, Message{}, nil
+		return nil, Message{}, nil, nil
 	}
 	if len(f.Sizes) == 0 {
-		return f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil
+		return f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil, nil
 	}
 	if len(f.Sizes) > maxBuffersPerMessage {
-		return nil, Message{}, fmt.Errorf("message %d announces %d buffers, more than %d", f.ID, len(f.Sizes), maxBuffersPerMessage)
+		return nil, Message{}, nil, fmt.Errorf("%w: message %d announces %d buffers, more than %d", errProtocol, f.ID, len(f.Sizes), maxBuffersPerMessage)
 	}
+	if _, dup := r.messages[f.ID]; dup {
+		return nil, Message{}, nil, fmt.Errorf("%w: message %d announced twice", errProtocol, f.ID)
+	}
+	if len(r.messages) >= maxInterleaved {
+		return nil, Message{}, nil, fmt.Errorf("%w: more than %d big messages under way at once", errProtocol, maxInterleaved)
+	}
+	// The total saturates instead of wrapping: sizes that overflow int64 are merely too large.
 	var total int64
 	for _, n := range f.Sizes {
 		if n < 0 {
-			return nil, Message{}, fmt.Errorf("message %d announces a negative size", f.ID)
+			return nil, Message{}, nil, fmt.Errorf("%w: message %d announces a negative size", errProtocol, f.ID)
+		}
+		if n > math.MaxInt64-total {
+			total = math.MaxInt64
+			break
 		}
 		total += n
-		if total > r.maxSize {
-			return nil, Message{}, fmt.Errorf("%w: message %d announces more than the %d-byte limit", ErrTooLarge, f.ID, r.maxSize)
+	}
+	if r.inProgress > 0 && (total > interleaveWindow-r.inProgress) {
+		return nil, Message{}, nil, fmt.Errorf("%w: message %d of %d bytes announced while %d bytes are under way (the window is %d)", errProtocol, f.ID, total, r.inProgress, interleaveWindow)
+	}
+	m := &inMessage{header: f, sizes: f.Sizes, total: total}
+	f.Sizes = nil
+	switch {
+	case total > r.maxSize:
+		refused = fmt.Errorf("%w: it carries %d bytes, over this worker's %d-byte limit", ErrTooLarge, total, r.maxSize)
+	case total > r.budget.limit:
+		refused = fmt.Errorf("%w: it carries %d bytes, more than this worker's %d-byte receive budget", ErrTooLarge, total, r.budget.limit)
+	case r.inProgress > 0 && r.budget.tryReserve(total, interleaveWindow):
+		// A message sent in turns with one under way must not wait for that one's memory:
+		// it may take a window's worth over the budget.
+		m.reserved = total
+	default:
+		if err := r.budget.reserve(r.ctx, total); err != nil {
+			return nil, Message{}, nil, err
 		}
+		m.reserved = total
 	}
-	if _, dup := r.messages[f.ID]; dup {
-		return nil, Message{}, fmt.Errorf("message %d announced twice", f.ID)
+	m.refused = refused != nil
+	r.messages[f.ID] = m
+	r.inProgress += total
+	if total == 0 {
+		fr, msg = r.complete(f.ID, m)
+		return fr, msg, nil, nil
 	}
-	r.messages[f.ID] = &inMessage{header: f, buf: pool.Get(int(total))}
-	return nil, Message{}, nil
+	if refused != nil {
+		return m.header, Message{}, refused, nil
+	}
+	return nil, Message{}, nil, nil
 }
 
-// dest is the memory a chunk of message id at offset, n bytes long, belongs in, or nil if no
-// message being received has such a place. Stream decoders put chunks there directly.
-func (r *reassembler) dest(id uint64, offset int64, n int) []byte {
+// place checks a chunk of n bytes at offset of message id, without overflow, and returns the
+// message it belongs to.
+func (r *reassembler) place(id uint64, offset int64, n int) (*inMessage, error) {
 	m := r.messages[id]
-	if m == nil || offset < 0 || offset+int64(n) > int64(len(m.buf)) {
-		return nil
+	if m == nil {
+		return nil, fmt.Errorf("%w: chunk of unknown message %d", errProtocol, id)
 	}
-	return m.buf[offset : offset+int64(n)]
+	if offset < 0 || n < 0 || offset > m.total || int64(n) > m.total-offset || int64(n) > m.total-m.received {
+		return nil, fmt.Errorf("%w: chunk of message %d at %d+%d lies outside its %d bytes", errProtocol, id, offset, n, m.total)
+	}
+	if !m.refused && m.buf == nil {
+		m.buf = pool.Get(int(m.total))
+	}
+	return m, nil
+}
+
+// dest is the memory a chunk of message id at offset, n bytes long, belongs in; nil with ok
+// set means the chunk's bytes are to be dropped, and ok unset that no message being received
+// has such a place. Stream decoders put chunks there directly.
+func (r *reassembler) dest(id uint64, offset int64, n int) (dst []byte, ok bool) {
+	m, err := r.place(id, offset, n)
+	if err != nil {
+		return nil, false
+	}
+	if m.refused {
+		return nil, true
+	}
+	return m.buf[offset : offset+int64(n)], true
 }
 
 // attach lets s decode chunks straight into the messages being received, if it can.
@@ -83,26 +164,42 @@ func (r *reassembler) attach(s Stream) {
 }
 
 func (r *reassembler) chunk(f *Frame) (*Frame, Message, error) {
+	n := len(f.Payload) + f.dropped
+	// A sunk chunk was checked and placed (or dropped) by the decoder already.
 	m := r.messages[f.ID]
-	if m == nil {
-		return nil, Message{}, fmt.Errorf("chunk of unknown message %d", f.ID)
-	}
-	end := f.Offset + int64(len(f.Payload))
-	if f.Offset < 0 || end > int64(len(m.buf)) {
-		return nil, Message{}, fmt.Errorf("chunk of message %d at %d+%d lies outside its %d bytes", f.ID, f.Offset, len(f.Payload), len(m.buf))
-	}
 	if !f.sunk {
-		copy(m.buf[f.Offset:end], f.Payload)
+		var err error
+		if m, err = r.place(f.ID, f.Offset, n); err != nil {
+			return nil, Message{}, err
+		}
+		if !m.refused {
+			copy(m.buf[f.Offset:], f.Payload)
+		}
 	}
-	m.received += int64(len(f.Payload))
-	if m.received < int64(len(m.buf)) {
+	m.received += int64(n)
+	if m.received < m.total {
 		return nil, Message{}, nil
 	}
-	delete(r.messages, f.ID)
+	fr, msg := r.complete(f.ID, m)
+	return fr, msg, nil
+}
+
+// complete ends the reassembly of m: its budget goes back (the message now belongs to whoever
+// handles it) and its segments are cut from its buffer. A refused message yields nothing.
+func (r *reassembler) complete(id uint64, m *inMessage) (*Frame, Message) {
+	delete(r.messages, id)
+	r.inProgress -= m.total
+	r.budget.free(m.reserved)
+	if m.refused {
+		return nil, Message{}
+	}
 	buf := m.buf
-	msg := Message{release: func() { pool.Put(buf) }}
+	if buf == nil {
+		buf = []byte{}
+	}
+	msg := Message{release: releaseOnce(buf)}
 	at := int64(0)
-	for i, n := range m.header.Sizes {
+	for i, n := range m.sizes {
 		seg := buf[at : at+n : at+n]
 		at += n
 		if i == 0 {
@@ -111,14 +208,33 @@ func (r *reassembler) chunk(f *Frame) (*Frame, Message, error) {
 			msg.Buffers = append(msg.Buffers, seg)
 		}
 	}
-	m.header.Sizes = nil
-	return m.header, msg, nil
+	return m.header, msg
+}
+
+// releaseOnce returns buf to the pool on its first call only: a buffer put back twice would
+// be handed to two later messages at once.
+func releaseOnce(buf []byte) func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			pool.Put(buf)
+		}
+	}
+}
+
+// drop forgets an incomplete message and returns its memory.
+func (r *reassembler) drop(id uint64, m *inMessage) {
+	delete(r.messages, id)
+	r.inProgress -= m.total
+	r.budget.free(m.reserved)
+	if m.buf != nil {
+		pool.Put(m.buf)
+	}
 }
 
 // close drops incomplete messages.
 func (r *reassembler) close() {
 	for id, m := range r.messages {
-		delete(r.messages, id)
-		pool.Put(m.buf)
+		r.drop(id, m)
 	}
 }

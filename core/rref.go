@@ -54,7 +54,7 @@ type refTable struct {
 
 type refEntry struct {
 	forks      map[ForkID]int // fork → holder
-	tombstones map[ForkID]struct{}
+	tombstones map[ForkID]int // fork released before it was added → the holder that released it
 }
 
 func newRefTable() *refTable { return &refTable{entries: map[RRefID]*refEntry{}} }
@@ -65,21 +65,25 @@ func (t *refTable) apply(op RefOp) (dropped bool) {
 	defer t.mu.Unlock()
 	e := t.entries[op.RRef]
 	if e == nil {
-		e = &refEntry{forks: map[ForkID]int{}, tombstones: map[ForkID]struct{}{}}
+		e = &refEntry{forks: map[ForkID]int{}, tombstones: map[ForkID]int{}}
 		t.entries[op.RRef] = e
 	}
+	// Only a fork's holder can release it, and nothing rewrites a fork or tombstone already
+	// there: forged operations can at worst keep a value alive, never free it early.
 	switch op.Kind {
 	case RefAdd:
-		if _, early := e.tombstones[op.Fork]; early {
+		if releasedBy, early := e.tombstones[op.Fork]; early && releasedBy == op.Holder {
 			delete(e.tombstones, op.Fork)
-		} else {
+		} else if _, dup := e.forks[op.Fork]; !dup {
 			e.forks[op.Fork] = op.Holder
 		}
 	case RefRelease:
-		if _, ok := e.forks[op.Fork]; ok {
-			delete(e.forks, op.Fork)
-		} else {
-			e.tombstones[op.Fork] = struct{}{}
+		if holder, ok := e.forks[op.Fork]; ok {
+			if holder == op.Holder {
+				delete(e.forks, op.Fork)
+			}
+		} else if _, dup := e.tombstones[op.Fork]; !dup {
+			e.tombstones[op.Fork] = op.Holder
 		}
 	}
 	if len(e.forks) == 0 && len(e.tombstones) == 0 {
@@ -144,11 +148,14 @@ func (a *Agent) AddFork(ctx context.Context, owner int, rref RRefID, fork ForkID
 
 // ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: releases
 // are batched and sent by a goroutine, still after any AddFork made before.
-func (a *Agent) ReleaseFork(owner int, rref RRefID, fork ForkID) {
+func (a *Agent) ReleaseFork(owner int, rref RRefID, fork ForkID) error {
+	if owner < 0 || owner >= len(a.workers) {
+		return fmt.Errorf("%w: RRef owner id %d (world size %d)", ErrUnknownWorker, owner, len(a.workers))
+	}
 	op := RefOp{Kind: RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID}
 	if owner == a.self.ID {
 		a.applyRefOps([]RefOp{op})
-		return
+		return nil
 	}
 	a.releaseMu.Lock()
 	if a.releases == nil {
@@ -160,10 +167,31 @@ func (a *Agent) ReleaseFork(owner int, rref RRefID, fork ForkID) {
 	case a.releaseKick <- struct{}{}:
 	default:
 	}
+	return nil
 }
 
 // OwnedRRefs is the number of RRefs this worker owns that are still referenced somewhere.
 func (a *Agent) OwnedRRefs() int { return a.refs.len() }
+
+// applyRefOpsFrom applies reference operations that worker sent to this one as owner. A
+// worker can only release its own forks: releases naming another holder are refused.
+func (a *Agent) applyRefOpsFrom(worker WorkerInfo, ops []RefOp) {
+	valid := ops[:0]
+	refused := 0
+	for _, op := range ops {
+		switch {
+		case op.Kind == RefAdd && op.Holder >= 0 && op.Holder < len(a.workers),
+			op.Kind == RefRelease && op.Holder == worker.ID:
+			valid = append(valid, op)
+		default:
+			refused++
+		}
+	}
+	if refused > 0 {
+		a.log.Warn("tensorplay-rpc: refused RRef operations a worker may not make (releases of another's forks, unknown holders or kinds)", "from", worker.Name, "count", refused)
+	}
+	a.applyRefOps(valid)
+}
 
 // applyRefOps applies reference operations addressed to this worker as owner.
 func (a *Agent) applyRefOps(ops []RefOp) {

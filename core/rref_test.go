@@ -8,18 +8,23 @@ func TestRefTableOrders(t *testing.T) {
 	r := RRefID{Creator: 1, Local: 7}
 	f := func(n int64) ForkID { return ForkID{Creator: 1, Local: n} }
 	add := func(n int64, holder int) RefOp { return RefOp{Kind: RefAdd, RRef: r, Fork: f(n), Holder: holder} }
-	rel := func(n int64) RefOp { return RefOp{Kind: RefRelease, RRef: r, Fork: f(n)} }
+	rel := func(n int64, holder int) RefOp { return RefOp{Kind: RefRelease, RRef: r, Fork: f(n), Holder: holder} }
 	tests := []struct {
 		name string
 		ops  []RefOp
 		// droppedAt is the index of the op after which the RRef is referenced nowhere; -1: never.
 		droppedAt int
 	}{
-		{name: "create then release", ops: []RefOp{add(1, 1), rel(1)}, droppedAt: 1},
-		{name: "fork outlives its parent", ops: []RefOp{add(1, 1), add(2, 2), rel(1), rel(2)}, droppedAt: 3},
-		{name: "release overtakes its add", ops: []RefOp{add(1, 1), rel(2), rel(1), add(2, 2)}, droppedAt: 3},
-		{name: "release before any add", ops: []RefOp{rel(2), add(1, 1), add(2, 2), rel(1)}, droppedAt: 3},
-		{name: "still held", ops: []RefOp{add(1, 1), add(2, 2), rel(2)}, droppedAt: -1},
+		{name: "create then release", ops: []RefOp{add(1, 1), rel(1, 1)}, droppedAt: 1},
+		{name: "fork outlives its parent", ops: []RefOp{add(1, 1), add(2, 2), rel(1, 1), rel(2, 2)}, droppedAt: 3},
+		{name: "release overtakes its add", ops: []RefOp{add(1, 1), rel(2, 2), rel(1, 1), add(2, 2)}, droppedAt: 3},
+		{name: "release before any add", ops: []RefOp{rel(2, 2), add(1, 1), add(2, 2), rel(1, 1)}, droppedAt: 3},
+		{name: "still held", ops: []RefOp{add(1, 1), add(2, 2), rel(2, 2)}, droppedAt: -1},
+		// A worker cannot release a fork another holds, nor take it over by adding it again.
+		{name: "release by another holder", ops: []RefOp{add(1, 1), rel(1, 3)}, droppedAt: -1},
+		{name: "re-add under another holder", ops: []RefOp{add(1, 1), add(1, 3), rel(1, 3)}, droppedAt: -1},
+		{name: "forged early release", ops: []RefOp{add(1, 1), rel(2, 3), add(2, 2), rel(1, 1)}, droppedAt: -1},
+		{name: "forged release after the real one", ops: []RefOp{add(1, 1), rel(2, 2), rel(2, 3), add(2, 2), rel(1, 1)}, droppedAt: 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

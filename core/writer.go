@@ -17,6 +17,10 @@ type frameWriter struct {
 	small []*outMessage
 	large []*outMessage
 	err   error
+	// underWay is the bytes of the big messages started and not finished, underWayCount
+	// their number.
+	underWay      int64
+	underWayCount int
 
 	// sendMu is held around every Stream.Send. A small frame that finds the writer idle is
 	// sent by the calling goroutine itself: a hand-off to the writer goroutine costs a
@@ -33,6 +37,15 @@ type outMessage struct {
 	started  bool  // the header went out
 	aborted  bool
 	sent     chan struct{} // closed once the writer no longer reads the message's memory
+	onSent   func()        // if set, run once sent is closed
+}
+
+// finish closes m.sent: the writer no longer reads m's memory.
+func (m *outMessage) finish() {
+	close(m.sent)
+	if m.onSent != nil {
+		m.onSent()
+	}
 }
 
 func newFrameWriter(s Stream, chunkSize int, onError func(error)) *frameWriter {
@@ -45,8 +58,10 @@ func newFrameWriter(s Stream, chunkSize int, onError func(error)) *frameWriter {
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // send queues f carrying msg; a big msg follows f in chunks. The returned message's sent
-// channel is closed once msg's memory is no longer read (sent, or dropped after an error).
-func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
+// channel is closed once msg's memory is no longer read (sent, or dropped after an error), and
+// then onSent, if set, runs (on the writer's goroutine: it must not block). If send fails,
+// onSent does not run.
+func (w *frameWriter) send(f *Frame, msg Message, onSent func()) (*outMessage, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
@@ -67,9 +82,12 @@ func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
 				w.kick()
 				return nil, err
 			}
+			if onSent != nil {
+				onSent()
+			}
 			return &outMessage{header: f, sent: closedChan}, nil
 		}
-		m := &outMessage{header: f, sent: make(chan struct{})}
+		m := &outMessage{header: f, sent: make(chan struct{}), onSent: onSent}
 		w.small = append(w.small, m)
 		w.kick()
 		return m, nil
@@ -83,7 +101,7 @@ func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
 		segments = append(segments, b)
 	}
 	f.Sizes = sizes
-	m := &outMessage{header: f, segments: segments, total: size, sent: make(chan struct{})}
+	m := &outMessage{header: f, segments: segments, total: size, sent: make(chan struct{}), onSent: onSent}
 	w.large = append(w.large, m)
 	w.kick()
 	return m, nil
@@ -91,7 +109,7 @@ func (w *frameWriter) send(f *Frame, msg Message) (*outMessage, error) {
 
 // sendFrame queues a frame that carries no message data.
 func (w *frameWriter) sendFrame(f *Frame) error {
-	_, err := w.send(f, Message{})
+	_, err := w.send(f, Message{}, nil)
 	return err
 }
 
@@ -138,20 +156,21 @@ func (w *frameWriter) next() (f *Frame, m *outMessage, done bool, err error) {
 			w.small = w.small[1:]
 			return m.header, m, true, nil
 		}
-		if len(w.large) == 0 {
+		if m = w.takeLarge(); m == nil {
 			return nil, nil, false, nil
 		}
-		m = w.large[0]
-		w.large = w.large[1:]
 		switch {
 		case m.aborted && !m.started:
-			close(m.sent)
+			m.finish()
 			continue
 		case m.aborted:
-			close(m.sent)
+			w.finished(m)
+			m.finish()
 			return &Frame{Kind: FrameAbort, ID: m.header.ID}, nil, false, nil
 		case !m.started:
 			m.started = true
+			w.underWay += m.total
+			w.underWayCount++
 			w.large = append(w.large, m)
 			return m.header, nil, false, nil
 		}
@@ -161,8 +180,29 @@ func (w *frameWriter) next() (f *Frame, m *outMessage, done bool, err error) {
 			w.large = append(w.large, m)
 			return f, m, false, nil
 		}
+		w.finished(m)
 		return f, m, true, nil
 	}
+}
+
+// takeLarge removes and returns the first big message that may be served now: one under way,
+// an aborted one, or one that may start. Big messages take turns only within the interleave
+// window (the receiver holds memory for every message under way); a bigger one goes alone.
+func (w *frameWriter) takeLarge() *outMessage {
+	for i, m := range w.large {
+		mayStart := w.underWayCount == 0 || (w.underWayCount < maxInterleaved && m.total <= interleaveWindow-w.underWay)
+		if m.started || m.aborted || mayStart {
+			w.large = append(w.large[:i], w.large[i+1:]...)
+			return m
+		}
+	}
+	return nil
+}
+
+// finished takes m, which was started, off the messages under way.
+func (w *frameWriter) finished(m *outMessage) {
+	w.underWay -= m.total
+	w.underWayCount--
 }
 
 // chunk returns up to n bytes of the message from its offset, without copying: a chunk ends
@@ -196,14 +236,14 @@ func (w *frameWriter) run() {
 		if err != nil {
 			w.close(err)
 			if m != nil && done {
-				close(m.sent)
+				m.finish()
 			}
 			w.drain()
 			w.onError(err)
 			return
 		}
 		if done {
-			close(m.sent)
+			m.finish()
 		}
 	}
 }
@@ -213,10 +253,10 @@ func (w *frameWriter) drain() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, m := range w.small {
-		close(m.sent)
+		m.finish()
 	}
 	for _, m := range w.large {
-		close(m.sent)
+		m.finish()
 	}
 	w.large, w.small = nil, nil
 }

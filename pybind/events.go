@@ -63,9 +63,9 @@ func (a *Agent) AddFork(owner, rrefCreator int, rrefLocal int64, forkCreator int
 }
 
 // ReleaseFork tells the owner this worker dropped a fork; it does not block.
-func (a *Agent) ReleaseFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64) {
-	defer recovered(nil)
-	a.agent.ReleaseFork(owner, core.RRefID{Creator: rrefCreator, Local: rrefLocal}, core.ForkID{Creator: forkCreator, Local: forkLocal})
+func (a *Agent) ReleaseFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64) (err error) {
+	defer recovered(&err)
+	return a.agent.ReleaseFork(owner, core.RRefID{Creator: rrefCreator, Local: rrefLocal}, core.ForkID{Creator: forkCreator, Local: forkLocal})
 }
 
 // OwnedRRefs is the number of RRefs this worker owns that are referenced somewhere.

@@ -13,9 +13,12 @@ func (h queueHandler) ServeRPC(call *core.ServerCall) {
 	r := &Request{call: call, Segments: Segments{msg: call.Request, agent: h.a}}
 	select {
 	case h.a.requests <- r:
-	default:
-		// The queue is full: wait for room without stalling the caller's stream.
-		go func() { h.a.requests <- r }()
+	case <-call.Context().Done():
+		// While the queue is full the caller's stream is not read (the core bounds each
+		// caller's calls in flight, so this takes very many callers); a call whose caller gave
+		// up or left meanwhile is dropped.
+		r.Segments.Release()
+		call.Fail(call.Context().Err())
 	}
 }
 

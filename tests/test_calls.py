@@ -42,6 +42,10 @@ def test_errors_reach_the_caller():
     assert out["not_callable"] == (TypeError, "function should be callable.")
     assert out["bad_to"][0] is TypeError
     assert out["unpicklable_arg"][0] is TypeError and "lock" in out["unpicklable_arg"][1]
+    # RRef ids come from peers: bad ones are refused when the RRef is unpickled, before the Go
+    # side or the owner table sees them, and the callee keeps serving.
+    assert out["forged_rref_owner"][0] is ValueError and "owner 99, which is not a worker" in out["forged_rref_owner"][1]
+    assert out["forged_rref_id"][0] is ValueError and "malformed RRef id" in out["forged_rref_id"][1]
     assert out["second_init"] == (RuntimeError, "RPC is already initialized")
     assert out["still_serving"] == 3
 

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"crypto/rand"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -52,25 +53,62 @@ func TestHostileBytes(t *testing.T) {
 			open = append(open, conn) // left open: half-open and unfinished connections too
 		}
 	}
-	// A peer speaking the protocol but announcing a message far over the limit is refused
-	// before anything is allocated, and only its own stream is dropped.
+	// A peer that speaks the protocol: a message over the limit fails that call only (its
+	// chunks would be dropped); frames no honest peer sends end that peer's stream. Nothing
+	// is allocated by what a frame claims, and the worker keeps serving.
 	tr, _ := core.NewGRPCTransport("", nil)
 	defer tr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := tr.Dial(ctx, worker)
-	if err != nil {
-		t.Fatal(err)
+	type outcome int
+	const (
+		refusedTooLarge outcome = iota
+		streamDropped
+	)
+	protocolAttacks := []struct {
+		name   string
+		frames []*core.Frame
+		want   outcome
+	}{
+		{name: "a petabyte announced", want: refusedTooLarge, frames: []*core.Frame{
+			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1 << 50}}}},
+		{name: "sizes whose sum wraps", want: refusedTooLarge, frames: []*core.Frame{
+			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
+			{Kind: core.FrameChunk, ID: 1, Payload: []byte{1}}}},
+		{name: "a chunk at an offset near the end of int64", want: streamDropped, frames: []*core.Frame{
+			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{64}},
+			{Kind: core.FrameChunk, ID: 1, Offset: math.MaxInt64 - 2, Payload: []byte{1, 2, 3, 4}}}},
+		{name: "a negative size", want: streamDropped, frames: []*core.Frame{
+			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{8, -4}}}},
+		{name: "a chunk of a message never announced", want: streamDropped, frames: []*core.Frame{
+			{Kind: core.FrameChunk, ID: 9, Payload: []byte{1}}}},
 	}
-	s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})
-	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1 << 50}})
-	if _, err := s.Recv(); err == nil {
-		t.Fatal("the worker answered a request announcing a petabyte")
-	}
-	for i := 0; i < 3; i++ {
-		resp, err := agents[0].Call(ctx, "w1", "echo", core.Message{Payload: []byte("still here")})
-		if err != nil || string(resp.Payload) != "still here" {
-			t.Fatalf("the worker stopped serving: %q, %v", resp.Payload, err)
+	for _, a := range protocolAttacks {
+		s, err := tr.Dial(ctx, worker)
+		if err != nil {
+			t.Fatalf("%s: %v", a.name, err)
+		}
+		s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})
+		for _, f := range a.frames {
+			s.Send(f)
+		}
+		resp, err := s.Recv()
+		switch a.want {
+		case refusedTooLarge:
+			if err != nil || resp.Status != core.StatusTooLarge || !strings.Contains(resp.Error, "limit") {
+				t.Errorf("%s: got %+v, %v; want the call refused as over the limit", a.name, resp, err)
+			}
+		case streamDropped:
+			if err == nil {
+				t.Errorf("%s: the worker answered (%+v) instead of dropping the stream", a.name, resp)
+			}
+		}
+		s.Close()
+		for i := 0; i < 3; i++ {
+			resp, err := agents[0].Call(ctx, "w1", "echo", core.Message{Payload: []byte("still here")})
+			if err != nil || string(resp.Payload) != "still here" {
+				t.Fatalf("after %s the worker stopped serving: %q, %v", a.name, resp.Payload, err)
+			}
 		}
 	}
 }

@@ -5,12 +5,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,53 +22,78 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
 )
 
-// throwawayCA makes a CA and one certificate it signed, as PEM files in dir.
-func throwawayCA(t *testing.T, dir, name string) core.TLSFiles {
+// testCA is a throwaway certificate authority writing PEM files into a test's directory.
+type testCA struct {
+	t      *testing.T
+	dir    string
+	name   string
+	key    *ecdsa.PrivateKey
+	cert   *x509.Certificate
+	caFile string
+	serial int64
+}
+
+func newTestCA(t *testing.T, dir, name string) *testCA {
 	t.Helper()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	write := func(file, kind string, der []byte) string {
-		path := filepath.Join(dir, file)
-		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	caKey, certKey := key(), key()
-	caTmpl := &x509.Certificate{
+	ca := &testCA{t: t, dir: dir, name: name, key: newKey(t), serial: 1}
+	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name + " CA"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &ca.key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	certTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name + " worker"},
+	ca.cert, _ = x509.ParseCertificate(der)
+	ca.caFile = ca.write("ca.pem", "CERTIFICATE", der)
+	return ca
+}
+
+func newKey(t *testing.T) *ecdsa.PrivateKey {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func (ca *testCA) write(file, kind string, der []byte) string {
+	path := filepath.Join(ca.dir, fmt.Sprintf("%s-%d-%s", ca.name, ca.serial, file))
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+		ca.t.Fatal(err)
+	}
+	return path
+}
+
+// issue signs a worker certificate with common name cn and DNS names dns.
+func (ca *testCA) issue(cn string, dns ...string) core.TLSFiles {
+	ca.serial++
+	key := newKey(ca.t)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(ca.serial), Subject: pkix.Name{CommonName: cn}, DNSNames: dns,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	certDER, err := x509.CreateCertificate(rand.Reader, certTmpl, ca, &certKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
-		t.Fatal(err)
+		ca.t.Fatal(err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(certKey)
+	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		ca.t.Fatal(err)
 	}
 	return core.TLSFiles{
-		CA:   write(name+"-ca.pem", "CERTIFICATE", caDER),
-		Cert: write(name+"-cert.pem", "CERTIFICATE", certDER),
-		Key:  write(name+"-key.pem", "EC PRIVATE KEY", keyDER),
+		CA:   ca.caFile,
+		Cert: ca.write("cert.pem", "CERTIFICATE", der),
+		Key:  ca.write("key.pem", "EC PRIVATE KEY", keyDER),
 	}
+}
+
+// throwawayCA makes a CA and one certificate it signed, as PEM files in dir.
+func throwawayCA(t *testing.T, dir, name string) core.TLSFiles {
+	return newTestCA(t, dir, name).issue(name + " worker")
 }
 
 // TestTLSRefusesClientsWithoutAValidCertificate: a world under mutual TLS talks to itself, and
@@ -110,5 +138,56 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 	intruder.Name, intruder.TLS, intruder.InitTimeout = "intruder", &stranger, time.Second
 	if _, err := core.Start(ctx, intruder); err == nil {
 		t.Fatal("the store let in a worker with another CA's certificate")
+	}
+}
+
+// TestTLSIsVersionThreeAndNamesBindWorkers: a client offering only TLS 1.2 is refused; in a
+// world whose certificates name workers, a peer with a valid certificate can speak only as a
+// worker its certificate names.
+func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
+	ca := newTestCA(t, t.TempDir(), "world")
+	shared := ca.issue("workers", "w0", "w1", "w2")
+	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo, TLS: &shared})
+	agents := coretest.Start(t, cfgs).Agents
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	pair, err := tls.LoadX509KeyPair(shared.Cert, shared.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", agents[1].Self().Addr, &tls.Config{
+		Certificates: []tls.Certificate{pair}, MaxVersion: tls.VersionTLS12, InsecureSkipVerify: true,
+	})
+	if err == nil {
+		err = conn.Handshake()
+		conn.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "protocol version") {
+		t.Fatalf("a TLS 1.2 client: err = %v, want a protocol version refusal", err)
+	}
+
+	onlyW1 := ca.issue("w1")
+	tr, err := core.NewGRPCTransport("", &onlyW1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	for _, tt := range []struct {
+		hello  string
+		rank   int
+		served bool
+	}{{"w0", 0, false}, {"w2", 2, false}, {"w1", 1, true}} {
+		s, err := tr.Dial(ctx, agents[0].Self().Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(&core.Frame{Kind: core.FrameHello, Method: tt.hello, CallerID: tt.rank})
+		s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
+		resp, err := s.Recv()
+		if served := err == nil && resp.Status == core.StatusOK; served != tt.served {
+			t.Errorf("a certificate naming only w1, speaking as %s: served = %v, want %v (%v)", tt.hello, served, tt.served, err)
+		}
+		s.Close()
 	}
 }

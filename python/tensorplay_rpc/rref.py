@@ -229,4 +229,10 @@ def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id) -> RRef:
     agent = current_agent()
     if agent is None:
         raise RuntimeError("an RRef can only be unpickled on an initialized RPC worker")
+    # The ids come from a peer: check them before Go or the owner table ever sees them.
+    if type(owner_id) is not int or not 0 <= owner_id < len(agent.workers):
+        raise ValueError(f"an RRef arrived naming owner {owner_id!r}, which is not a worker of this world")
+    for what, id_ in (("RRef", rref_id), ("fork", fork_id)):
+        if not (isinstance(id_, (tuple, list)) and len(id_) == 2 and all(type(x) is int and -(1 << 63) <= x < 1 << 63 for x in id_)):
+            raise ValueError(f"an RRef arrived with a malformed {what} id {id_!r}")
     return _make_rref(agent, owner_id, tuple(rref_id), tuple(fork_id))

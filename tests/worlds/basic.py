@@ -6,7 +6,7 @@ import time
 
 import tensorplay_rpc as rpc
 
-from .common import add, error_of, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
+from .common import ForgedRRef, add, error_of, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
 
 
 def all_to_all(rank, world_size):
@@ -58,6 +58,8 @@ def errors(rank, world_size):
         out["not_callable"] = error_of(lambda: rpc.rpc_sync("worker1", 42))
         out["bad_to"] = error_of(lambda: rpc.rpc_sync(3.5, add, args=(1, 2)))
         out["unpicklable_arg"] = error_of(lambda: rpc.rpc_sync("worker1", add, args=(threading.Lock(), 1)))
+        out["forged_rref_owner"] = error_of(lambda: rpc.rpc_sync("worker1", add, args=(ForgedRRef(99), 1)))
+        out["forged_rref_id"] = error_of(lambda: rpc.rpc_sync("worker1", add, args=(ForgedRRef(0, (0, 1 << 70)), 1)))
         out["second_init"] = error_of(lambda: init(rank, world_size))
         out["still_serving"] = rpc.rpc_sync("worker1", add, args=(1, 2))
     rpc.shutdown()

@@ -32,6 +32,19 @@ def raise_custom():
     raise CustomError("custom failure", 42)
 
 
+class ForgedRRef:
+    """Pickles as an RRef whose ids a hostile peer chose: an owner that is no worker, and ids
+    out of int64's range."""
+
+    def __init__(self, owner, rref_id=(0, 1), fork_id=(0, 2)):
+        self.args = (owner, rref_id, fork_id)
+
+    def __reduce__(self):
+        from tensorplay_rpc.rref import _rebuild_rref
+
+        return (_rebuild_rref, self.args)
+
+
 def options(**kwargs):
     return rpc.TensorPipeRpcBackendOptions(**kwargs)
 

@@ -1,0 +1,136 @@
+package faults
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+)
+
+// slowHandler is a blocking handler that runs at most executors calls at a time, as a pool of
+// executor threads would: calls arrive far faster than it serves them.
+type slowHandler struct {
+	executors chan struct{}
+	inService atomic.Int64 // taken off the stream and not yet answered
+	peak      atomic.Int64
+}
+
+func (h *slowHandler) handler() core.HandlerFunc {
+	return func(ctx context.Context, req core.Message) (core.Message, error) {
+		n := h.inService.Add(1)
+		defer h.inService.Add(-1)
+		for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
+		}
+		select {
+		case h.executors <- struct{}{}:
+		case <-ctx.Done():
+			return core.Message{}, ctx.Err()
+		}
+		defer func() { <-h.executors }()
+		return core.Message{Payload: append([]byte(nil), req.Payload...)}, nil
+	}
+}
+
+// TestAFloodOfCallsIsBounded: three peers flood a worker with 200,000 small calls, far faster
+// than it serves them. The calls each caller has in the worker stay bounded (the rest wait in
+// flow control, not in memory), goroutines stay bounded, and every call is answered with its
+// own payload: nothing is lost.
+func TestAFloodOfCallsIsBounded(t *testing.T) {
+	const (
+		callers        = 3
+		total          = 200_000
+		perCaller      = (total + callers - 1) / callers
+		servedLimit    = 256
+		outstandingCap = 4096 // calls each caller keeps in flight
+	)
+	h := &slowHandler{executors: make(chan struct{}, 4)}
+	cfgs := coretest.Configs(t, callers+1, coretest.Options{GRPC: true})
+	callee := cfgs[callers].Name
+	cfgs[callers].Handlers = map[string]core.Handler{"serve": h.handler()}
+	cfgs[callers].MaxServedPerCaller = servedLimit
+	c := coretest.Start(t, cfgs)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	baseGoroutines := runtime.NumGoroutine()
+	var peakGoroutines atomic.Int64
+	sampling := make(chan struct{})
+	var sampled sync.WaitGroup
+	sampled.Add(1)
+	go func() {
+		defer sampled.Done()
+		for {
+			select {
+			case <-sampling:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if n := int64(runtime.NumGoroutine()); n > peakGoroutines.Load() {
+				peakGoroutines.Store(n)
+			}
+		}
+	}()
+
+	var answered, wrong atomic.Int64
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for i := 0; i < callers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			slots := make(chan struct{}, outstandingCap)
+			var pending sync.WaitGroup
+			var failed atomic.Pointer[error]
+			for k := 0; k < perCaller && failed.Load() == nil; k++ {
+				slots <- struct{}{}
+				payload := binary.LittleEndian.AppendUint64(nil, uint64(i*perCaller+k))
+				f := c.Agents[i].CallAsync(ctx, callee, "serve", core.Message{Payload: payload})
+				pending.Add(1)
+				f.AfterDone(func() {
+					defer pending.Done()
+					defer func() { <-slots }()
+					resp, err := f.Result()
+					switch {
+					case err != nil:
+						failed.CompareAndSwap(nil, &err)
+					case string(resp.Payload) != string(payload):
+						wrong.Add(1)
+					default:
+						answered.Add(1)
+					}
+				})
+			}
+			pending.Wait()
+			if err := failed.Load(); err != nil {
+				errs <- fmt.Errorf("caller %d: %w", i, *err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(sampling)
+	sampled.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := answered.Load(); got != callers*perCaller || wrong.Load() != 0 {
+		t.Fatalf("%d calls answered rightly and %d wrongly, want all %d right", got, wrong.Load(), callers*perCaller)
+	}
+	if peak := h.peak.Load(); peak > callers*servedLimit {
+		t.Fatalf("the worker took %d calls off its streams at once, over %d callers x %d", peak, callers, servedLimit)
+	}
+	// Without the bound a flooded worker has a goroutine per call its callers sent (here up to
+	// 3 x 4096); with it, one per call in service, and as many again ending while new ones
+	// start.
+	if peak := peakGoroutines.Load(); peak > int64(baseGoroutines+2*callers*servedLimit+200) {
+		t.Fatalf("goroutines peaked at %d (from %d before the flood)", peak, baseGoroutines)
+	}
+	t.Logf("peak in service %d, peak goroutines %d (base %d)", h.peak.Load(), peakGoroutines.Load(), baseGoroutines)
+}

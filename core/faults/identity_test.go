@@ -1,0 +1,87 @@
+package faults
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+)
+
+// TestAPeerCanOnlyActAsItself: a stream's hello must name a worker registered at the host it
+// comes from, and a worker can release only the RRef forks it holds itself, so a peer cannot
+// make an owner drop a value another worker still uses.
+func TestAPeerCanOnlyActAsItself(t *testing.T) {
+	dropped := make(chan core.RRefID, 1)
+	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo})
+	cfgs[0].OnRRefDropped = func(id core.RRefID) { dropped <- id }
+	c := coretest.Start(t, cfgs)
+	owner, holder := c.Agents[0], c.Agents[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rref, fork := holder.NewRRefID(), holder.NewRRefID()
+	if err := holder.AddFork(ctx, 0, rref, fork, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Call(ctx, "w0", "echo", core.Message{}); err != nil {
+		t.Fatal(err) // the fork is registered once this call, sent after it, is answered
+	}
+	forged := func(holder int) *core.Frame {
+		return &core.Frame{Kind: core.FrameRefs, Refs: []core.RefOp{{Kind: core.RefRelease, RRef: rref, Fork: fork, Holder: holder}}}
+	}
+
+	// From another address (127.0.0.2 is loopback too), claiming to be w1: refused at hello.
+	elsewhere, _ := core.NewGRPCTransport("", nil)
+	defer elsewhere.Close()
+	if _, err := elsewhere.Listen("127.0.0.2", func(core.Stream) {}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := elsewhere.Dial(ctx, owner.Self().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&core.Frame{Kind: core.FrameHello, Method: "w1", CallerID: 1})
+	s.Send(forged(1))
+	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
+	if resp, err := s.Recv(); err == nil {
+		t.Fatalf("a stream from 127.0.0.2 posing as w1 (registered at %s) was served: %+v", holder.Self().Addr, resp)
+	}
+
+	// From the right host as w2: its releases of w1's fork, in w1's name or its own, are
+	// refused. The echo after them answers once they were applied.
+	local, _ := core.NewGRPCTransport("", nil)
+	defer local.Close()
+	s, err = local.Dial(ctx, owner.Self().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&core.Frame{Kind: core.FrameHello, Method: "w2", CallerID: 2})
+	s.Send(forged(1))
+	s.Send(forged(2))
+	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
+	if resp, err := s.Recv(); err != nil || resp.Status != core.StatusOK {
+		t.Fatalf("the honest-looking stream was not served: %+v, %v", resp, err)
+	}
+	if owner.OwnedRRefs() != 1 {
+		t.Fatal("the owner dropped a value its holder still uses, on a forged release")
+	}
+	select {
+	case id := <-dropped:
+		t.Fatalf("the owner dropped %v on a forged release", id)
+	default:
+	}
+
+	// The holder's own release still works.
+	if err := holder.ReleaseFork(0, rref, fork); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-dropped:
+		if id != rref {
+			t.Fatalf("dropped %v, want %v", id, rref)
+		}
+	case <-ctx.Done():
+		t.Fatal("the holder's own release did not drop the value")
+	}
+}

@@ -1,0 +1,159 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReassemblyChecksWhatPeersAnnounce: every size, offset and length a peer announces is
+// checked without overflow; what breaks the protocol ends the stream, and what is merely over
+// a limit is refused (its chunks dropped) without reserving or allocating anything.
+func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
+	const limit, budget = 1 << 20, 2 << 20
+	tests := []struct {
+		name        string
+		frames      []*Frame
+		wantRefused string // in the refusal of the last frame's message
+		wantErr     error
+	}{
+		{name: "sizes whose sum wraps past int64", wantRefused: "limit", frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}}}},
+		{name: "a chunk of a wrapped message", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
+			{Kind: FrameChunk, ID: 1, Offset: math.MaxInt64 - 1, Payload: []byte{1, 2}}}},
+		{name: "an offset near the end of int64", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{64}},
+			{Kind: FrameChunk, ID: 1, Offset: math.MaxInt64 - 2, Payload: []byte{1, 2, 3, 4}}}},
+		{name: "a negative offset", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{64}},
+			{Kind: FrameChunk, ID: 1, Offset: -8, Payload: []byte{1}}}},
+		{name: "more bytes than announced", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{4}},
+			{Kind: FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2}},
+			{Kind: FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2, 3}}}},
+		{name: "a negative size", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{8, -4}}}},
+		{name: "over the message limit", wantRefused: "1048576-byte limit", frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{limit, 1}}}},
+		{name: "a second message past the interleave window", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{16}},
+			{Kind: FrameRequest, ID: 2, Sizes: []int64{interleaveWindow}}}},
+		{name: "the same id twice", wantErr: errProtocol, frames: []*Frame{
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{16}},
+			{Kind: FrameRequest, ID: 1, Sizes: []int64{16}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newReceiveBudget(budget)
+			r := newReassembler(context.Background(), limit, b)
+			var refused, err error
+			for _, f := range tt.frames {
+				if _, _, refused, err = r.add(f); err != nil {
+					break
+				}
+			}
+			switch {
+			case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			case tt.wantErr == nil && err != nil:
+				t.Fatalf("err = %v", err)
+			case tt.wantRefused != "" && (!errors.Is(refused, ErrTooLarge) || !strings.Contains(refused.Error(), tt.wantRefused)):
+				t.Fatalf("refused = %v, want ErrTooLarge naming %q", refused, tt.wantRefused)
+			}
+			if tt.wantRefused != "" && b.inUse() != 0 {
+				t.Fatalf("a refused message reserved %d bytes", b.inUse())
+			}
+			r.close()
+			if b.inUse() != 0 {
+				t.Fatalf("%d bytes still reserved after close", b.inUse())
+			}
+		})
+	}
+}
+
+// TestDestChecksOffsetsWithoutOverflow: the decoder asks where a chunk goes before reading it;
+// offsets and lengths that overflow must not slice.
+func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
+	r := newReassembler(context.Background(), 1<<20, newReceiveBudget(1<<20))
+	if _, _, _, err := r.add(&Frame{Kind: FrameRequest, ID: 1, Sizes: []int64{100}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		offset int64
+		n      int
+	}{{math.MaxInt64 - 10, 20}, {math.MaxInt64, 1}, {-1, 1}, {90, 11}, {101, 0}, {0, -1}} {
+		if dst, ok := r.dest(1, c.offset, c.n); ok {
+			t.Errorf("dest(%d, %d) = %d bytes, want a refusal", c.offset, c.n, len(dst))
+		}
+	}
+	if dst, ok := r.dest(1, 90, 10); !ok || len(dst) != 10 {
+		t.Errorf("dest(90, 10) = %d bytes, %v; want the last 10 bytes", len(dst), ok)
+	}
+}
+
+// TestReleaseTwiceReturnsMemoryOnce: a message released twice must not put its buffer in the
+// pool twice, or two later messages would share it.
+func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
+	const size = 3 << 20 // a size class no other test of this package uses
+	r := newReassembler(context.Background(), 1<<30, newReceiveBudget(1<<30))
+	r.add(&Frame{Kind: FrameRequest, ID: 1, Sizes: []int64{size}})
+	_, msg, _, err := r.add(&Frame{Kind: FrameChunk, ID: 1, Payload: make([]byte, size)})
+	if err != nil || !msg.Pooled() {
+		t.Fatalf("no pooled message: %v", err)
+	}
+	msg.Release()
+	msg.Release()
+	a, b := pool.Get(size), pool.Get(size)
+	if &a[0] == &b[0] {
+		t.Fatal("two buffers from the pool share memory after a double release")
+	}
+}
+
+// TestReceiveBudgetWaitsForRoom: a reservation that does not fit waits until memory is
+// returned, or until its context ends; one bigger than the whole budget fails at once.
+func TestReceiveBudgetWaitsForRoom(t *testing.T) {
+	b := newReceiveBudget(100)
+	if err := b.reserve(context.Background(), 80); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- b.reserve(context.Background(), 50) }()
+	select {
+	case err := <-got:
+		t.Fatalf("a reservation over the budget did not wait: %v", err)
+	case <-time.After(50 * time.Millisecond): // a negative check: it must still be waiting
+	}
+	b.free(80)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reservation was not woken when memory came back")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { got <- b.reserve(ctx, 60) }()
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want the wait to end with its context", err)
+	}
+	if err := b.reserve(context.Background(), 101); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
+		t.Fatalf("err = %v, want ErrTooLarge naming the budget", err)
+	}
+}
+
+func TestTruncateTextKeepsHeadAndTail(t *testing.T) {
+	long := "HEAD" + strings.Repeat("x", 1<<20) + "TAIL"
+	got := truncateText(long, 1000)
+	if len(got) > 1000 || !strings.HasPrefix(got, "HEAD") || !strings.HasSuffix(got, "TAIL") || !strings.Contains(got, "bytes left out") {
+		t.Fatalf("truncateText gave %d bytes: %.80q...", len(got), got)
+	}
+	if truncateText("short", 1000) != "short" {
+		t.Fatal("a short text changed")
+	}
+}

@@ -1,11 +1,13 @@
 package core
 
+import "github.com/vmihailenco/msgpack/v5"
+
 // FrameKind says what a Frame is for.
 type FrameKind uint8
 
 // Frame kinds.
 const (
-	// FrameHello opens a stream: the caller says who it is.
+	// FrameHello opens a stream: its payload is the caller's Hello.
 	FrameHello FrameKind = iota + 1
 	// FrameRequest asks the callee to run Method.
 	FrameRequest
@@ -19,36 +21,34 @@ const (
 	FrameAbort
 )
 
-// Status is the outcome carried by a response frame.
-type Status uint8
+// ReplyStatus is the outcome a response frame carries.
+type ReplyStatus uint8
 
 // Response statuses.
 const (
-	// StatusOK means the handler replied with a Message.
-	StatusOK Status = iota
-	// StatusHandlerError means the handler failed; Error says why and Payload may describe it.
-	StatusHandlerError
-	// StatusNoHandler means the callee has no handler for the method.
-	StatusNoHandler
-	// StatusTooLarge means the handler's reply was over the callee's size limit.
-	StatusTooLarge
+	// ReplyOK means the handler replied with a Message.
+	ReplyOK ReplyStatus = iota
+	// ReplyHandlerError means the handler failed; Error says why and Payload may describe it.
+	ReplyHandlerError
+	// ReplyNoHandler means the callee has no handler for the method.
+	ReplyNoHandler
+	// ReplyTooLarge means the handler's reply was over the callee's size limit.
+	ReplyTooLarge
 )
 
 // Frame is the unit on the wire, encoded as a msgpack array (frame_codec.go).
 type Frame struct {
 	Kind FrameKind
 	ID   uint64
-	// Method names the handler (requests) or the caller's name (hello).
+	// Method names the handler of a request.
 	Method string
 	// TimeoutMs is the caller's remaining budget for a request; 0 means none.
 	TimeoutMs int64
-	// CallerID is the caller's worker id (hello).
-	CallerID int
-	Status   Status
-	Error    string
-	Payload  []byte
-	Buffers  [][]byte
-	Refs     []RefOp
+	Status    ReplyStatus
+	Error     string
+	Payload   []byte
+	Buffers   [][]byte
+	Refs      []RefOp
 	// Sizes, on a request or response whose data follows in chunks, gives the length of the
 	// payload and of each buffer; the chunks carry them back to back.
 	Sizes []int64
@@ -60,4 +60,24 @@ type Frame struct {
 	chunkSink chunkSink
 	sunk      bool
 	dropped   int // the length of a sunk chunk whose bytes were dropped
+}
+
+// Hello is what a caller says of itself when it opens a stream.
+type Hello struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Name     string
+	Rank     int
+}
+
+// HelloFrame is the frame that opens a stream from the worker name of rank rank.
+func HelloFrame(name string, rank int) *Frame {
+	payload, _ := msgpack.Marshal(&Hello{Name: name, Rank: rank}) // cannot fail for a string and an int
+	return &Frame{Kind: FrameHello, Payload: payload}
+}
+
+// hello reads the Hello a FrameHello carries.
+func (f *Frame) hello() (Hello, error) {
+	var h Hello
+	err := msgpack.Unmarshal(f.Payload, &h)
+	return h, err
 }

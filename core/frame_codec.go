@@ -10,7 +10,7 @@ import (
 )
 
 // frameFields is the length of the msgpack array a Frame is encoded as.
-const frameFields = 12
+const frameFields = 11
 
 // maxDecodedBytes bounds a byte string decoded into fresh memory: bigger data travels in
 // chunks, so a frame announcing more is hostile and is refused before anything is allocated.
@@ -63,7 +63,6 @@ func (f *Frame) encodeHead(enc *msgpack.Encoder) error {
 		enc.EncodeUint64(f.ID),
 		enc.EncodeString(f.Method),
 		enc.EncodeInt64(f.TimeoutMs),
-		enc.EncodeInt(int64(f.CallerID)),
 		enc.EncodeUint8(uint8(f.Status)),
 		enc.EncodeString(f.Error),
 		enc.EncodeInt64(f.Offset),
@@ -108,7 +107,6 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 		return fmt.Errorf("frame has %d fields, want %d", n, frameFields)
 	}
 	var kind, status uint8
-	var callerID int
 	if kind, err = dec.DecodeUint8(); err != nil {
 		return err
 	}
@@ -122,14 +120,10 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 	if f.TimeoutMs, err = dec.DecodeInt64(); err != nil {
 		return err
 	}
-	if callerID, err = dec.DecodeInt(); err != nil {
-		return err
-	}
-	f.CallerID = callerID
 	if status, err = dec.DecodeUint8(); err != nil {
 		return err
 	}
-	f.Status = Status(status)
+	f.Status = ReplyStatus(status)
 	if f.Error, err = dec.DecodeString(); err != nil {
 		return err
 	}

@@ -13,9 +13,9 @@ import (
 // merely claims. Decodable frames must survive a round trip.
 func FuzzFrameDecode(f *testing.F) {
 	for _, fr := range []*Frame{
-		{Kind: FrameHello, Method: "w0", CallerID: 0},
+		HelloFrame("w0", 0),
 		{Kind: FrameRequest, ID: 7, Method: "py", TimeoutMs: 100, Payload: []byte("pickle"), Buffers: [][]byte{{1, 2}, {}}},
-		{Kind: FrameResponse, ID: 7, Status: StatusHandlerError, Error: "boom", Payload: []byte("detail")},
+		{Kind: FrameResponse, ID: 7, Status: ReplyHandlerError, Error: "boom", Payload: []byte("detail")},
 		{Kind: FrameRequest, ID: 8, Method: "py", Sizes: []int64{10, 1 << 20}},
 		{Kind: FrameChunk, ID: 8, Offset: 4096, Payload: bytes.Repeat([]byte{9}, 64)},
 		{Kind: FrameAbort, ID: 8},

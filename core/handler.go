@@ -73,11 +73,11 @@ func (c *ServerCall) Reply(resp Message) <-chan struct{} {
 	var sent <-chan struct{} = closedChan
 	c.once.Do(func() {
 		if size := int64(resp.Size()); size > c.maxSize {
-			c.respond(&Frame{Kind: FrameResponse, Status: StatusTooLarge,
+			c.respond(&Frame{Kind: FrameResponse, Status: ReplyTooLarge,
 				Error: fmt.Sprintf("the reply to %q carries %d bytes, over the %d-byte limit", c.Caller.Name, size, c.maxSize)}, Message{})
 			return
 		}
-		sent = c.respond(&Frame{Kind: FrameResponse, Status: StatusOK}, resp)
+		sent = c.respond(&Frame{Kind: FrameResponse, Status: ReplyOK}, resp)
 	})
 	return sent
 }
@@ -86,7 +86,7 @@ func (c *ServerCall) Reply(resp Message) <-chan struct{} {
 // err is a *RemoteError, its payload.
 func (c *ServerCall) Fail(err error) {
 	c.once.Do(func() {
-		f := &Frame{Kind: FrameResponse, Status: StatusHandlerError, Error: err.Error()}
+		f := &Frame{Kind: FrameResponse, Status: ReplyHandlerError, Error: err.Error()}
 		var detail Message
 		if re, ok := err.(*RemoteError); ok {
 			f.Error, detail = re.Message, re.Payload

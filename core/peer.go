@@ -77,7 +77,7 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
 	self := p.agent.self
-	if err := c.writer.sendFrame(&Frame{Kind: FrameHello, Method: self.Name, CallerID: self.ID}); err != nil {
+	if err := c.writer.sendFrame(HelloFrame(self.Name, self.ID)); err != nil {
 		c.cancel()
 		s.Close()
 		return nil, err
@@ -203,11 +203,11 @@ func (c *peerConn) fail(cause error) {
 // responseResult turns a response frame from worker, carrying msg, into the caller's result.
 func responseResult(fr *Frame, msg Message, worker string) (Message, error) {
 	switch fr.Status {
-	case StatusOK:
+	case ReplyOK:
 		return msg, nil
-	case StatusNoHandler:
+	case ReplyNoHandler:
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrNoHandler, worker, fr.Error)
-	case StatusTooLarge:
+	case ReplyTooLarge:
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrTooLarge, worker, fr.Error)
 	default:
 		return Message{}, &RemoteError{Worker: worker, Message: fr.Error, Payload: msg}

@@ -107,9 +107,9 @@ func (w *frameWriter) send(f *Frame, msg Message, onSent func()) (*outMessage, e
 	return m, nil
 }
 
-// sendFrame queues a frame that carries no message data.
+// sendFrame queues a frame that carries only what is in it (no big message).
 func (w *frameWriter) sendFrame(f *Frame) error {
-	_, err := w.send(f, Message{}, nil)
+	_, err := w.send(f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil)
 	return err
 }
 

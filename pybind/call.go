@@ -88,7 +88,7 @@ func (a *Agent) Call(to int, table uintptr, nseg int, timeoutMs int, notifyID in
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 	}
 	borrow := tableSize(table, nseg) >= BorrowThreshold
-	c = &Call{agent: a, future: a.agent.CallID(ctx, to, PyMethod, segments(table, nseg, borrow))}
+	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, PyMethod, segments(table, nseg, borrow))}
 	c.future.AfterDone(func() {
 		cancel()
 		if notifyID <= 0 {

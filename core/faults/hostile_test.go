@@ -88,14 +88,14 @@ func TestHostileBytes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", a.name, err)
 		}
-		s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})
+		s.Send(core.HelloFrame("w0", 0))
 		for _, f := range a.frames {
 			s.Send(f)
 		}
 		resp, err := s.Recv()
 		switch a.want {
 		case refusedTooLarge:
-			if err != nil || resp.Status != core.StatusTooLarge || !strings.Contains(resp.Error, "limit") {
+			if err != nil || resp.Status != core.ReplyTooLarge || !strings.Contains(resp.Error, "limit") {
 				t.Errorf("%s: got %+v, %v; want the call refused as over the limit", a.name, resp, err)
 			}
 		case streamDropped:

@@ -41,7 +41,7 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(&core.Frame{Kind: core.FrameHello, Method: "w1", CallerID: 1})
+	s.Send(core.HelloFrame("w1", 1))
 	s.Send(forged(1))
 	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
 	if resp, err := s.Recv(); err == nil {
@@ -56,11 +56,11 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(&core.Frame{Kind: core.FrameHello, Method: "w2", CallerID: 2})
+	s.Send(core.HelloFrame("w2", 2))
 	s.Send(forged(1))
 	s.Send(forged(2))
 	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
-	if resp, err := s.Recv(); err != nil || resp.Status != core.StatusOK {
+	if resp, err := s.Recv(); err != nil || resp.Status != core.ReplyOK {
 		t.Fatalf("the honest-looking stream was not served: %+v, %v", resp, err)
 	}
 	if owner.OwnedRRefs() != 1 {

@@ -122,7 +122,7 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		}
 		s, err := tr.Dial(ctx, agents[1].Self().Addr)
 		if err == nil {
-			s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})
+			s.Send(core.HelloFrame("w0", 0))
 			s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}
@@ -182,10 +182,10 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Send(&core.Frame{Kind: core.FrameHello, Method: tt.hello, CallerID: tt.rank})
+		s.Send(core.HelloFrame(tt.hello, tt.rank))
 		s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
 		resp, err := s.Recv()
-		if served := err == nil && resp.Status == core.StatusOK; served != tt.served {
+		if served := err == nil && resp.Status == core.ReplyOK; served != tt.served {
 			t.Errorf("a certificate naming only w1, speaking as %s: served = %v, want %v (%v)", tt.hello, served, tt.served, err)
 		}
 		s.Close()

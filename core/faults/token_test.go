@@ -32,7 +32,7 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 		tr, _ := core.NewGRPCTransport(token, nil)
 		s, err := tr.Dial(ctx, agents[1].Self().Addr)
 		if err == nil {
-			s.Send(&core.Frame{Kind: core.FrameHello, Method: "w0", CallerID: 0})
+			s.Send(core.HelloFrame("w0", 0))
 			s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}

@@ -1,0 +1,119 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// maxMethodName bounds a method name: names are short, and a request's head must fit a frame.
+const maxMethodName = 1024
+
+// Call runs method on worker to and waits for its reply, at most until ctx is done.
+func (a *Agent) Call(ctx context.Context, to, method string, req Message) (Message, error) {
+	return a.CallAsync(ctx, to, method, req).Result()
+}
+
+// CallAsync starts a call of method on worker to and returns at once. The call fails with
+// ErrTimeout when ctx's deadline passes, ErrCanceled when ctx is canceled, ErrPeerLost when the
+// stream to the worker breaks, and a *RemoteError when the handler fails.
+func (a *Agent) CallAsync(ctx context.Context, to, method string, req Message) *CallFuture {
+	f := newCallFuture()
+	id, ok := a.byName[to]
+	if !ok {
+		f.complete(Message{}, fmt.Errorf("%w: %q is not a worker of this world", ErrUnknownWorker, to))
+		return f
+	}
+	return a.callRank(ctx, id, method, req, f)
+}
+
+// CallRank is CallAsync with the destination given by its rank (worker id).
+func (a *Agent) CallRank(ctx context.Context, to int, method string, req Message) *CallFuture {
+	f := newCallFuture()
+	if to < 0 || to >= len(a.workers) {
+		f.complete(Message{}, fmt.Errorf("%w: id %d is not a worker of this world (world size %d)", ErrUnknownWorker, to, len(a.workers)))
+		return f
+	}
+	return a.callRank(ctx, to, method, req, f)
+}
+
+func (a *Agent) callRank(ctx context.Context, to int, method string, req Message, f *CallFuture) *CallFuture {
+	if a.state.Load() == stateClosed {
+		f.complete(Message{}, fmt.Errorf("%w: cannot call worker %q", ErrShutdown, a.workers[to].Name))
+		return f
+	}
+	if err := ctx.Err(); err != nil {
+		f.complete(Message{}, a.contextError(ctx, a.workers[to].Name))
+		return f
+	}
+	if len(method) > maxMethodName {
+		f.complete(Message{}, fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", a.workers[to].Name, len(method), maxMethodName))
+		return f
+	}
+	if size := int64(req.Size()); size > a.maxMessageSize {
+		f.complete(Message{}, fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, a.workers[to].Name, size, a.maxMessageSize))
+		return f
+	}
+	a.outstanding.Add(1)
+	id := a.nextID.Add(1)
+	frame := &Frame{Kind: FrameRequest, ID: id, Method: method}
+	if dl, ok := ctx.Deadline(); ok {
+		frame.TimeoutMs = max(1, time.Until(dl).Milliseconds())
+	}
+	name := a.workers[to].Name
+
+	// The deadline watcher may fire before the call is sent or while it is pending: it takes
+	// the call out of whichever stream table holds it and fails it.
+	var conn atomic.Pointer[peerConn]
+	var stopWatch atomic.Pointer[func() bool]
+	f.onDone = func() {
+		a.outstanding.Add(-1)
+		if stop := stopWatch.Load(); stop != nil {
+			(*stop)()
+		}
+	}
+	stop := context.AfterFunc(ctx, func() {
+		if c := conn.Load(); c != nil {
+			c.take(id)
+		}
+		f.complete(Message{}, a.contextError(ctx, name))
+		f.abortSend()
+	})
+	stopWatch.Store(&stop)
+	if to == a.self.ID {
+		a.dispatch(a.serveCtx, a.self, frame, req, func(resp *Frame, msg Message) <-chan struct{} {
+			msg, err := responseResult(resp, msg, name)
+			f.complete(msg, err)
+			return closedChan
+		})
+		return f
+	}
+	c, err := a.peers[to].connect(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = a.contextError(ctx, name)
+		}
+		f.complete(Message{}, err)
+		return f
+	}
+	conn.Store(c)
+	if err := c.send(id, f, frame, req); err != nil {
+		f.complete(Message{}, err)
+	}
+	select {
+	case <-f.done: // the watcher may have fired before conn was set: drop the entry
+		c.take(id)
+	default:
+	}
+	return f
+}
+
+// contextError explains why ctx ended a call to worker.
+func (a *Agent) contextError(ctx context.Context, worker string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: the call to worker %q ran past its deadline", ErrTimeout, worker)
+	}
+	return fmt.Errorf("%w: the call to worker %q was canceled", ErrCanceled, worker)
+}

@@ -1,0 +1,141 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// calleeDeadlineGrace is how much longer than the caller a callee lets a handler run.
+const calleeDeadlineGrace = 50 * time.Millisecond
+
+// serveStream serves the calls a peer makes over one stream.
+func (a *Agent) serveStream(s Stream) {
+	caller := WorkerInfo{Name: "an unidentified peer"}
+	defer func() {
+		if r := recover(); r != nil {
+			reportPanic(a.log, caller.Name, "serving a caller's stream", r, nil)
+		}
+	}()
+	hello, err := s.Recv()
+	if err != nil {
+		return
+	}
+	select {
+	case <-a.ready:
+	case <-a.serveCtx.Done():
+		return
+	}
+	var said Hello
+	if hello.Kind == FrameHello {
+		said, err = hello.hello()
+	}
+	if hello.Kind != FrameHello || err != nil || said.Rank < 0 || said.Rank >= len(a.workers) || a.workers[said.Rank].Name != said.Name {
+		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name, "from", streamOrigin(s))
+		return
+	}
+	if err := a.checkIdentity(s, a.workers[said.Rank]); err != nil {
+		a.log.Warn("tensorplay-rpc: refused a stream: "+err.Error(), "worker", a.self.Name)
+		return
+	}
+	caller = a.workers[said.Rank]
+	// A caller whose stream ends may be gone; the RRef forks it held must not keep values.
+	defer func() { go a.forgetIfGone(caller) }()
+	ctx, cancel := context.WithCancel(a.serveCtx)
+	defer cancel()
+	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
+	defer writer.close(ErrShutdown)
+	// Each call being served holds a slot until its reply is sent; with none free the stream
+	// is not read, so the caller's flow control, not this worker's memory, takes up the
+	// excess.
+	slots := make(chan struct{}, a.maxServedPerCaller)
+	freeSlot := func() { <-slots }
+	reply := func(fr *Frame, msg Message) <-chan struct{} {
+		if a.closing() {
+			freeSlot()
+			return closedChan
+		}
+		out, err := writer.send(fr, msg, freeSlot)
+		if err != nil {
+			freeSlot()
+			a.log.Debug("tensorplay-rpc: reply not sent", "to", caller.Name, "err", err)
+			return closedChan
+		}
+		return out.sent
+	}
+	incoming := newReassembler(ctx, a.maxMessageSize, a.receiveBudget)
+	incoming.attach(s)
+	defer incoming.close()
+	for {
+		fr, err := s.Recv()
+		if err != nil {
+			return
+		}
+		fr, msg, refused, err := incoming.add(fr)
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)
+			}
+			return
+		}
+		if fr == nil {
+			continue
+		}
+		switch fr.Kind {
+		case FrameRequest:
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				msg.Release()
+				return
+			}
+			if refused != nil {
+				reply(&Frame{Kind: FrameResponse, ID: fr.ID, Status: ReplyTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
+				continue
+			}
+			a.dispatch(ctx, caller, fr, msg, reply)
+		case FrameRefs:
+			a.applyRefOpsFrom(caller, fr.Refs)
+		default:
+			msg.Release()
+			a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)
+		}
+	}
+}
+
+// dispatch hands one request carrying msg to its handler; respond queues the response frame
+// and returns a channel closed once the response's memory is no longer read.
+func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, msg Message, respond func(*Frame, Message) <-chan struct{}) {
+	id := req.ID
+	h := a.handler(req.Method)
+	if h == nil {
+		msg.Release()
+		respond(&Frame{Kind: FrameResponse, ID: id, Status: ReplyNoHandler, Error: fmt.Sprintf("method %q is not registered", truncateText(req.Method, maxMethodName))}, Message{})
+		return
+	}
+	cancel := context.CancelFunc(func() {})
+	if req.TimeoutMs > 0 {
+		// The grace lets the caller's own timer, not a reply to a give-up, decide the outcome.
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMs)*time.Millisecond+calleeDeadlineGrace)
+	}
+	call := &ServerCall{
+		Caller:  caller,
+		Method:  req.Method,
+		Request: msg,
+		ctx:     ctx,
+		maxSize: a.maxMessageSize,
+		log:     a.log,
+		respond: func(resp *Frame, m Message) <-chan struct{} {
+			cancel()
+			resp.ID = id
+			return respond(resp, m)
+		},
+	}
+	// A handler that panics fails its own call; the stream goes on serving.
+	defer func() {
+		if r := recover(); r != nil {
+			reportPanic(a.log, caller.Name, "running the handler of "+truncateText(req.Method, maxMethodName), r, call.Fail)
+		}
+	}()
+	h.ServeRPC(call)
+}

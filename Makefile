@@ -76,13 +76,13 @@ vet: deps
 	go vet ./...
 	@test -z "$$(gofmt -l core pybind tools)" || { echo "gofmt needed:"; gofmt -l core pybind tools; exit 1; }
 
-# Every fuzz target in turn (go test fuzzes one at a time).
-FUZZ_TARGETS := FuzzFrameDecode FuzzReassembly
+# Every fuzz target (name:package) in turn: go test fuzzes one at a time.
+FUZZ_TARGETS := FuzzFrameDecode:./core/wire FuzzReassembly:./core
 
 test-go: deps
 	go test -race -count=1 -timeout 15m ./...
-	@for target in $(FUZZ_TARGETS); do \
-		go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) ./core || exit 1; \
+	@for t in $(FUZZ_TARGETS); do \
+		go test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) "$${t#*:}" || exit 1; \
 	done
 
 # The soak runs 20 s in `make test`, 10 minutes here.

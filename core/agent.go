@@ -10,6 +10,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // Defaults for zero Config fields.
@@ -44,8 +48,8 @@ type Config struct {
 	Token string
 	// TLS, if set, puts every connection under mutual TLS with the world's CA.
 	TLS *TLSFiles
-	// Transport carries calls; nil means a new GRPCTransport.
-	Transport Transport
+	// Transport carries calls; nil means a new gRPC transport (package grpctransport).
+	Transport transport.Transport
 	// Store is used instead of the one InitMethod names, e.g. a MemStore in tests.
 	Store Store
 	// Logger receives warnings; nil means slog.Default().
@@ -66,7 +70,7 @@ type Config struct {
 	MaxServedPerCaller int
 	// OnRRefDropped is called when an RRef this worker owns is referenced nowhere any more,
 	// so its value can be dropped. It must not block.
-	OnRRefDropped func(RRefID)
+	OnRRefDropped func(wire.RRefID)
 }
 
 const (
@@ -82,7 +86,7 @@ type Agent struct {
 	byName  map[string]int
 	peers   []*peer
 
-	transport   Transport
+	transport   transport.Transport
 	store       Store
 	storeServer *StoreServer
 	leaveStore  func() error // set for stores that need to hear a worker leave
@@ -100,9 +104,9 @@ type Agent struct {
 	nextLocalID atomic.Int64
 
 	refs          *refTable
-	onRRefDropped func(RRefID)
+	onRRefDropped func(wire.RRefID)
 	releaseMu     sync.Mutex
-	releases      map[int][]RefOp // queued releases, by owner
+	releases      map[int][]wire.RefOp // queued releases, by owner
 	releaseKick   chan struct{}
 	outstanding   atomic.Int64 // calls made and not yet completed
 	state         atomic.Int32
@@ -153,7 +157,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		ready:     make(chan struct{}),
 
 		maxMessageSize:     cmp.Or(cfg.MaxMessageSize, DefaultMaxMessageSize),
-		chunkSize:          min(cmp.Or(cfg.ChunkSize, DefaultChunkSize), maxFrameBytes/2),
+		chunkSize:          min(cmp.Or(cfg.ChunkSize, DefaultChunkSize), wire.MaxFrameBytes/2),
 		maxServedPerCaller: cmp.Or(cfg.MaxServedPerCaller, DefaultMaxServedPerCaller),
 
 		refs:          newRefTable(),
@@ -165,7 +169,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, DefaultReceiveBudget(a.maxMessageSize)))
 	if a.transport == nil {
-		t, err := NewGRPCTransport(cfg.Token, cfg.TLS)
+		t, err := grpctransport.New(cfg.Token, cfg.TLS)
 		if err != nil {
 			return nil, err
 		}

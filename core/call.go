@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // maxMethodName bounds a method name: names are short, and a request's head must fit a frame.
@@ -58,7 +60,7 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 	}
 	a.outstanding.Add(1)
 	id := a.nextID.Add(1)
-	frame := &Frame{Kind: FrameRequest, ID: id, Method: method}
+	frame := &wire.Frame{Kind: wire.FrameRequest, ID: id, Method: method}
 	if dl, ok := ctx.Deadline(); ok {
 		frame.TimeoutMs = max(1, time.Until(dl).Milliseconds())
 	}
@@ -83,7 +85,7 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 	})
 	stopWatch.Store(&stop)
 	if to == a.self.ID {
-		a.dispatch(a.serveCtx, a.self, frame, req, func(resp *Frame, msg Message) <-chan struct{} {
+		a.dispatch(a.serveCtx, a.self, frame, req, func(resp *wire.Frame, msg Message) <-chan struct{} {
 			msg, err := responseResult(resp, msg, name)
 			f.complete(msg, err)
 			return closedChan

@@ -11,6 +11,8 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 func pattern(n int, seed byte) []byte {
@@ -59,9 +61,9 @@ func TestBigMessagesTravelInChunks(t *testing.T) {
 
 // slowChunks is a transport whose streams take a millisecond to send each chunk, so a big
 // transfer lasts long enough to watch small calls pass it.
-type slowChunks struct{ core.Transport }
+type slowChunks struct{ transport.Transport }
 
-func (t slowChunks) Dial(ctx context.Context, addr string) (core.Stream, error) {
+func (t slowChunks) Dial(ctx context.Context, addr string) (transport.Stream, error) {
 	s, err := t.Transport.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -69,10 +71,10 @@ func (t slowChunks) Dial(ctx context.Context, addr string) (core.Stream, error) 
 	return slowStream{s}, nil
 }
 
-type slowStream struct{ core.Stream }
+type slowStream struct{ transport.Stream }
 
-func (s slowStream) Send(f *core.Frame) error {
-	if f.Kind == core.FrameChunk {
+func (s slowStream) Send(f *wire.Frame) error {
+	if f.Kind == wire.FrameChunk {
 		time.Sleep(time.Millisecond)
 	}
 	return s.Stream.Send(f)

@@ -8,7 +8,7 @@
 // caller's context.Context and travel with the request.
 //
 // On the wire, each (caller, callee) pair shares one long-lived bidirectional gRPC stream that
-// carries msgpack-encoded [Frame]s multiplexed by call id, so a call costs no connection or
+// carries msgpack-encoded [wire.Frame]s multiplexed by call id, so a call costs no connection or
 // HTTP/2 stream set-up. When that stream breaks, every call waiting on the peer fails at once
 // with an error naming the peer.
 //

@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -27,8 +28,8 @@ type gatherReply struct {
 
 // ServeStore serves store on addr ("host:port") over gRPC until the returned server is
 // closed; a non-empty token is required of every client, and with tlsFiles mutual TLS.
-func ServeStore(addr string, store *MemStore, token string, tlsFiles *TLSFiles) (*StoreServer, error) {
-	sec, err := newSecurity(token, tlsFiles)
+func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLSFiles) (*StoreServer, error) {
+	sec, err := secure.New(token, tlsFiles)
 	if err != nil {
 		return nil, err
 	}
@@ -36,16 +37,13 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *TLSFiles) 
 	if err != nil {
 		return nil, fmt.Errorf("serve the rendezvous store on %s: %w", addr, err)
 	}
-	srv := grpc.NewServer(grpcServerOptions(sec)...)
+	srv := grpc.NewServer(sec.ServerOptions()...)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: storeService,
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{{
 			MethodName: "Gather",
 			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
-				if err := checkToken(ctx, sec.token); err != nil {
-					return nil, err
-				}
 				var req GatherRequest
 				if err := dec(&req); err != nil {
 					return nil, err
@@ -92,12 +90,12 @@ type RemoteStore struct {
 // DialStore returns a client of the store at addr, presenting token if non-empty, over TLS
 // with tlsFiles. It connects lazily, retrying until each call's deadline, so workers may start
 // before rank 0 does.
-func DialStore(addr, token string, tlsFiles *TLSFiles) (*RemoteStore, error) {
-	sec, err := newSecurity(token, tlsFiles)
+func DialStore(addr, token string, tlsFiles *secure.TLSFiles) (*RemoteStore, error) {
+	sec, err := secure.New(token, tlsFiles)
 	if err != nil {
 		return nil, err
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpcDialOptions(sec)...)
+	cc, err := grpc.NewClient("passthrough:///"+addr, sec.DialOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("dial the rendezvous store at %s: %w", addr, err)
 	}

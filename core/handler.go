@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // maxErrorText bounds the error text of a failed call: a response's head must fit one frame,
@@ -58,7 +60,7 @@ type ServerCall struct {
 	ctx     context.Context
 	maxSize int64
 	log     *slog.Logger
-	respond func(*Frame, Message) <-chan struct{}
+	respond func(*wire.Frame, Message) <-chan struct{}
 	once    sync.Once
 }
 
@@ -73,11 +75,11 @@ func (c *ServerCall) Reply(resp Message) <-chan struct{} {
 	var sent <-chan struct{} = closedChan
 	c.once.Do(func() {
 		if size := int64(resp.Size()); size > c.maxSize {
-			c.respond(&Frame{Kind: FrameResponse, Status: ReplyTooLarge,
+			c.respond(&wire.Frame{Kind: wire.FrameResponse, Status: wire.ReplyTooLarge,
 				Error: fmt.Sprintf("the reply to %q carries %d bytes, over the %d-byte limit", c.Caller.Name, size, c.maxSize)}, Message{})
 			return
 		}
-		sent = c.respond(&Frame{Kind: FrameResponse, Status: ReplyOK}, resp)
+		sent = c.respond(&wire.Frame{Kind: wire.FrameResponse, Status: wire.ReplyOK}, resp)
 	})
 	return sent
 }
@@ -86,7 +88,7 @@ func (c *ServerCall) Reply(resp Message) <-chan struct{} {
 // err is a *RemoteError, its payload.
 func (c *ServerCall) Fail(err error) {
 	c.once.Do(func() {
-		f := &Frame{Kind: FrameResponse, Status: ReplyHandlerError, Error: err.Error()}
+		f := &wire.Frame{Kind: wire.FrameResponse, Status: wire.ReplyHandlerError, Error: err.Error()}
 		var detail Message
 		if re, ok := err.(*RemoteError); ok {
 			f.Error, detail = re.Message, re.Payload

@@ -4,28 +4,16 @@ import (
 	"fmt"
 	"net"
 	"slices"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
-
-// PeerIdentity is what a transport knows of who opened a stream it accepted.
-type PeerIdentity struct {
-	// Addr is where the stream came from: "host:port" for network transports, the address
-	// the dialing transport listens on for the in-memory one; "" if unknown.
-	Addr string
-	// Names are the names the peer's TLS certificate carries (common name and DNS names).
-	Names []string
-}
-
-// IdentifiedStream is implemented by accepted streams whose transport knows who opened them.
-type IdentifiedStream interface {
-	Identity() PeerIdentity
-}
 
 // checkIdentity verifies that the peer that opened s may speak as worker, as its hello says:
 // a certificate that names a worker of this world must name this one, and the stream must
 // come from the host the worker registered at the rendezvous. A peer can thus act only as
 // itself (or, without TLS, as a worker on its own host).
-func (a *Agent) checkIdentity(s Stream, worker WorkerInfo) error {
-	is, ok := s.(IdentifiedStream)
+func (a *Agent) checkIdentity(s transport.Stream, worker WorkerInfo) error {
+	is, ok := s.(transport.IdentifiedStream)
 	if !ok {
 		return nil
 	}
@@ -66,8 +54,8 @@ func sameHost(from, registered string) bool {
 }
 
 // streamOrigin names where s came from, for logs.
-func streamOrigin(s Stream) string {
-	if is, ok := s.(IdentifiedStream); ok && is.Identity().Addr != "" {
+func streamOrigin(s transport.Stream) string {
+	if is, ok := s.(transport.IdentifiedStream); ok && is.Identity().Addr != "" {
 		return is.Identity().Addr
 	}
 	return "an unknown address"

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // peer is this agent's view of another worker as a callee: the stream it dialed to it and the
@@ -20,7 +23,7 @@ type peer struct {
 // peerConn is one stream to a peer and its table of pending calls.
 type peerConn struct {
 	peer   *peer
-	stream Stream
+	stream transport.Stream
 	writer *frameWriter
 	ctx    context.Context // ends when the stream fails
 	cancel context.CancelFunc
@@ -77,7 +80,7 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
 	self := p.agent.self
-	if err := c.writer.sendFrame(HelloFrame(self.Name, self.ID)); err != nil {
+	if err := c.writer.sendFrame(wire.HelloFrame(self.Name, self.ID)); err != nil {
 		c.cancel()
 		s.Close()
 		return nil, err
@@ -86,7 +89,7 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 }
 
 // send registers f as pending under id and queues the request carrying msg.
-func (c *peerConn) send(id uint64, f *CallFuture, req *Frame, msg Message) error {
+func (c *peerConn) send(id uint64, f *CallFuture, req *wire.Frame, msg Message) error {
 	c.mu.Lock()
 	if c.broken != nil {
 		c.mu.Unlock()
@@ -106,7 +109,7 @@ func (c *peerConn) send(id uint64, f *CallFuture, req *Frame, msg Message) error
 }
 
 // sendOneWay queues a frame that expects no reply.
-func (c *peerConn) sendOneWay(f *Frame) error {
+func (c *peerConn) sendOneWay(f *wire.Frame) error {
 	c.mu.Lock()
 	broken := c.broken
 	c.mu.Unlock()
@@ -149,7 +152,7 @@ func (c *peerConn) readLoop() {
 		if fr == nil {
 			continue
 		}
-		if fr.Kind != FrameResponse {
+		if fr.Kind != wire.FrameResponse {
 			msg.Release()
 			a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
 			continue
@@ -201,13 +204,13 @@ func (c *peerConn) fail(cause error) {
 }
 
 // responseResult turns a response frame from worker, carrying msg, into the caller's result.
-func responseResult(fr *Frame, msg Message, worker string) (Message, error) {
+func responseResult(fr *wire.Frame, msg Message, worker string) (Message, error) {
 	switch fr.Status {
-	case ReplyOK:
+	case wire.ReplyOK:
 		return msg, nil
-	case ReplyNoHandler:
+	case wire.ReplyNoHandler:
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrNoHandler, worker, fr.Error)
-	case ReplyTooLarge:
+	case wire.ReplyTooLarge:
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrTooLarge, worker, fr.Error)
 	default:
 		return Message{}, &RemoteError{Worker: worker, Message: fr.Error, Payload: msg}

@@ -8,11 +8,11 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 const (
-	// maxBuffersPerMessage bounds how many buffers a message may announce.
-	maxBuffersPerMessage = 1 << 16
 	// interleaveWindow bounds the bytes of big messages one stream sends in turns: a writer
 	// starts another big message while one is under way only if both fit in it, so a receiver
 	// never needs more than this much memory on one stream beyond a message it waited for.
@@ -37,7 +37,7 @@ type reassembler struct {
 }
 
 type inMessage struct {
-	header   *Frame
+	header   *wire.Frame
 	sizes    []int64
 	total    int64
 	buf      []byte // allocated at the first chunk; stays nil for a refused message
@@ -58,12 +58,12 @@ var errProtocol = errors.New("protocol violation")
 // or refused: the header of a message this worker will not take (over its size limit or its
 // receive budget), whose chunks it drops. err is a protocol violation: the stream must end.
 // add may wait for room in the receive budget.
-func (r *reassembler) add(f *Frame) (fr *Frame, msg Message, refused error, err error) {
+func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused error, err error) {
 	switch f.Kind {
-	case FrameChunk:
+	case wire.FrameChunk:
 		fr, msg, err = r.chunk(f)
 		return fr, msg, nil, err
-	case FrameAbort:
+	case wire.FrameAbort:
 		if m := r.messages[f.ID]; m != nil {
 			r.drop(f.ID, m)
 		}
@@ -72,8 +72,8 @@ func (r *reassembler) add(f *Frame) (fr *Frame, msg Message, refused error, err 
 	if len(f.Sizes) == 0 {
 		return f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil, nil
 	}
-	if len(f.Sizes) > maxBuffersPerMessage {
-		return nil, Message{}, nil, fmt.Errorf("%w: message %d announces %d buffers, more than %d", errProtocol, f.ID, len(f.Sizes), maxBuffersPerMessage)
+	if len(f.Sizes) > wire.MaxBuffersPerMessage {
+		return nil, Message{}, nil, fmt.Errorf("%w: message %d announces %d buffers, more than %d", errProtocol, f.ID, len(f.Sizes), wire.MaxBuffersPerMessage)
 	}
 	if _, dup := r.messages[f.ID]; dup {
 		return nil, Message{}, nil, fmt.Errorf("%w: message %d announced twice", errProtocol, f.ID)
@@ -144,7 +144,7 @@ func (r *reassembler) place(id uint64, offset int64, n int) (*inMessage, error) 
 
 // dest is the memory a chunk of message id at offset, n bytes long, belongs in; nil with ok
 // set means the chunk's bytes are to be dropped, and ok unset that no message being received
-// has such a place. Stream decoders put chunks there directly.
+// has such a place. transport.Stream decoders put chunks there directly.
 func (r *reassembler) dest(id uint64, offset int64, n int) (dst []byte, ok bool) {
 	m, err := r.place(id, offset, n)
 	if err != nil {
@@ -157,17 +157,17 @@ func (r *reassembler) dest(id uint64, offset int64, n int) (dst []byte, ok bool)
 }
 
 // attach lets s decode chunks straight into the messages being received, if it can.
-func (r *reassembler) attach(s Stream) {
-	if ss, ok := s.(sinkSetter); ok {
-		ss.setChunkSink(r.dest)
+func (r *reassembler) attach(s transport.Stream) {
+	if ss, ok := s.(transport.SinkSetter); ok {
+		ss.SetChunkSink(r.dest)
 	}
 }
 
-func (r *reassembler) chunk(f *Frame) (*Frame, Message, error) {
-	n := len(f.Payload) + f.dropped
-	// A sunk chunk was checked and placed (or dropped) by the decoder already.
+func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
+	// A placed chunk was checked and put in place (or dropped) by the decoder already.
+	n, placed := f.Placed()
 	m := r.messages[f.ID]
-	if !f.sunk {
+	if !placed {
 		var err error
 		if m, err = r.place(f.ID, f.Offset, n); err != nil {
 			return nil, Message{}, err
@@ -186,7 +186,7 @@ func (r *reassembler) chunk(f *Frame) (*Frame, Message, error) {
 
 // complete ends the reassembly of m: its budget goes back (the message now belongs to whoever
 // handles it) and its segments are cut from its buffer. A refused message yields nothing.
-func (r *reassembler) complete(id uint64, m *inMessage) (*Frame, Message) {
+func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
 	delete(r.messages, id)
 	r.inProgress -= m.total
 	r.budget.free(m.reserved)

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
 // encodeFrames is a stream's bytes for frames, as msgpack values back to back.
-func encodeFrames(t testing.TB, frames ...*Frame) []byte {
+func encodeFrames(t testing.TB, frames ...*wire.Frame) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	for _, f := range frames {
@@ -30,39 +31,39 @@ func encodeFrames(t testing.TB, frames ...*Frame) []byte {
 // leave nothing reserved once the stream ends.
 func FuzzReassembly(f *testing.F) {
 	payload := bytes.Repeat([]byte{7}, 64)
-	seeds := [][]*Frame{
+	seeds := [][]*wire.Frame{
 		{ // a message in two chunks, then a small one
-			{Kind: FrameRequest, ID: 1, Method: "py", Sizes: []int64{40, 24}},
-			{Kind: FrameChunk, ID: 1, Offset: 0, Payload: payload[:40]},
-			{Kind: FrameChunk, ID: 1, Offset: 40, Payload: payload[:24]},
-			{Kind: FrameRequest, ID: 2, Method: "py", Payload: []byte("small")},
+			{Kind: wire.FrameRequest, ID: 1, Method: "py", Sizes: []int64{40, 24}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: payload[:40]},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 40, Payload: payload[:24]},
+			{Kind: wire.FrameRequest, ID: 2, Method: "py", Payload: []byte("small")},
 		},
 		{ // sizes whose sum wraps past int64, then a chunk
-			{Kind: FrameRequest, ID: 3, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
-			{Kind: FrameChunk, ID: 3, Offset: 0, Payload: payload[:1]},
+			{Kind: wire.FrameRequest, ID: 3, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
+			{Kind: wire.FrameChunk, ID: 3, Offset: 0, Payload: payload[:1]},
 		},
 		{ // offsets near the end of int64
-			{Kind: FrameResponse, ID: 4, Sizes: []int64{64}},
-			{Kind: FrameChunk, ID: 4, Offset: math.MaxInt64 - 2, Payload: payload[:8]},
-			{Kind: FrameChunk, ID: 4, Offset: -1, Payload: payload[:8]},
+			{Kind: wire.FrameResponse, ID: 4, Sizes: []int64{64}},
+			{Kind: wire.FrameChunk, ID: 4, Offset: math.MaxInt64 - 2, Payload: payload[:8]},
+			{Kind: wire.FrameChunk, ID: 4, Offset: -1, Payload: payload[:8]},
 		},
 		{ // a message over the limit, dropped chunk by chunk, then an abort
-			{Kind: FrameRequest, ID: 5, Sizes: []int64{2 << 20}},
-			{Kind: FrameChunk, ID: 5, Offset: 0, Payload: payload},
-			{Kind: FrameAbort, ID: 5},
+			{Kind: wire.FrameRequest, ID: 5, Sizes: []int64{2 << 20}},
+			{Kind: wire.FrameChunk, ID: 5, Offset: 0, Payload: payload},
+			{Kind: wire.FrameAbort, ID: 5},
 		},
 		{ // the same chunk twice, and a chunk of an unknown message
-			{Kind: FrameRequest, ID: 6, Sizes: []int64{32, 32}},
-			{Kind: FrameChunk, ID: 6, Offset: 0, Payload: payload[:32]},
-			{Kind: FrameChunk, ID: 6, Offset: 0, Payload: payload[:32]},
-			{Kind: FrameChunk, ID: 99, Offset: 0, Payload: payload[:1]},
+			{Kind: wire.FrameRequest, ID: 6, Sizes: []int64{32, 32}},
+			{Kind: wire.FrameChunk, ID: 6, Offset: 0, Payload: payload[:32]},
+			{Kind: wire.FrameChunk, ID: 6, Offset: 0, Payload: payload[:32]},
+			{Kind: wire.FrameChunk, ID: 99, Offset: 0, Payload: payload[:1]},
 		},
 		{ // two messages taking turns, then an empty one
-			{Kind: FrameRequest, ID: 7, Sizes: []int64{16}},
-			{Kind: FrameRequest, ID: 8, Sizes: []int64{16}},
-			{Kind: FrameChunk, ID: 8, Offset: 0, Payload: payload[:16]},
-			{Kind: FrameChunk, ID: 7, Offset: 0, Payload: payload[:16]},
-			{Kind: FrameRequest, ID: 9, Sizes: []int64{0}},
+			{Kind: wire.FrameRequest, ID: 7, Sizes: []int64{16}},
+			{Kind: wire.FrameRequest, ID: 8, Sizes: []int64{16}},
+			{Kind: wire.FrameChunk, ID: 8, Offset: 0, Payload: payload[:16]},
+			{Kind: wire.FrameChunk, ID: 7, Offset: 0, Payload: payload[:16]},
+			{Kind: wire.FrameRequest, ID: 9, Sizes: []int64{0}},
 		},
 	}
 	for _, frames := range seeds {
@@ -75,7 +76,7 @@ func FuzzReassembly(f *testing.F) {
 		r := newReassembler(ctx, 1<<20, budget)
 		dec := msgpack.NewDecoder(bytes.NewReader(data))
 		for i := 0; i < 1000; i++ {
-			fr := &Frame{chunkSink: r.dest}
+			fr := &wire.Frame{Sink: r.dest}
 			if err := dec.Decode(fr); err != nil {
 				break
 			}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // TestReassemblyChecksWhatPeersAnnounce: every size, offset and length a peer announces is
@@ -16,35 +18,35 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 	const limit, budget = 1 << 20, 2 << 20
 	tests := []struct {
 		name        string
-		frames      []*Frame
+		frames      []*wire.Frame
 		wantRefused string // in the refusal of the last frame's message
 		wantErr     error
 	}{
-		{name: "sizes whose sum wraps past int64", wantRefused: "limit", frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}}}},
-		{name: "a chunk of a wrapped message", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
-			{Kind: FrameChunk, ID: 1, Offset: math.MaxInt64 - 1, Payload: []byte{1, 2}}}},
-		{name: "an offset near the end of int64", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{64}},
-			{Kind: FrameChunk, ID: 1, Offset: math.MaxInt64 - 2, Payload: []byte{1, 2, 3, 4}}}},
-		{name: "a negative offset", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{64}},
-			{Kind: FrameChunk, ID: 1, Offset: -8, Payload: []byte{1}}}},
-		{name: "more bytes than announced", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{4}},
-			{Kind: FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2}},
-			{Kind: FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2, 3}}}},
-		{name: "a negative size", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{8, -4}}}},
-		{name: "over the message limit", wantRefused: "1048576-byte limit", frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{limit, 1}}}},
-		{name: "a second message past the interleave window", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{16}},
-			{Kind: FrameRequest, ID: 2, Sizes: []int64{interleaveWindow}}}},
-		{name: "the same id twice", wantErr: errProtocol, frames: []*Frame{
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{16}},
-			{Kind: FrameRequest, ID: 1, Sizes: []int64{16}}}},
+		{name: "sizes whose sum wraps past int64", wantRefused: "limit", frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}}}},
+		{name: "a chunk of a wrapped message", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: math.MaxInt64 - 1, Payload: []byte{1, 2}}}},
+		{name: "an offset near the end of int64", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{64}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: math.MaxInt64 - 2, Payload: []byte{1, 2, 3, 4}}}},
+		{name: "a negative offset", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{64}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: -8, Payload: []byte{1}}}},
+		{name: "more bytes than announced", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{4}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2, 3}}}},
+		{name: "a negative size", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{8, -4}}}},
+		{name: "over the message limit", wantRefused: "1048576-byte limit", frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{limit, 1}}}},
+		{name: "a second message past the interleave window", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{16}},
+			{Kind: wire.FrameRequest, ID: 2, Sizes: []int64{interleaveWindow}}}},
+		{name: "the same id twice", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{16}},
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{16}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,7 +81,7 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 // offsets and lengths that overflow must not slice.
 func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
 	r := newReassembler(context.Background(), 1<<20, newReceiveBudget(1<<20))
-	if _, _, _, err := r.add(&Frame{Kind: FrameRequest, ID: 1, Sizes: []int64{100}}); err != nil {
+	if _, _, _, err := r.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{100}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -100,8 +102,8 @@ func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
 func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 	const size = 3 << 20 // a size class no other test of this package uses
 	r := newReassembler(context.Background(), 1<<30, newReceiveBudget(1<<30))
-	r.add(&Frame{Kind: FrameRequest, ID: 1, Sizes: []int64{size}})
-	_, msg, _, err := r.add(&Frame{Kind: FrameChunk, ID: 1, Payload: make([]byte, size)})
+	r.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{size}})
+	_, msg, _, err := r.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, size)})
 	if err != nil || !msg.Pooled() {
 		t.Fatalf("no pooled message: %v", err)
 	}

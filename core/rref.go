@@ -4,80 +4,50 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
-// RRefID names a value kept on its owner for remote references: the worker that created the
-// id and a number unique on that worker.
-type RRefID struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	Creator  int
-	Local    int64
-}
-
-// ForkID names one reference to an RRef, held by one worker; ids are unique like RRefIDs.
-type ForkID = RRefID
-
-// RefOpKind says what a RefOp does to the owner's table.
-type RefOpKind uint8
-
-// Reference operations.
-const (
-	// RefAdd registers a fork: a worker holds, or is about to receive, a reference.
-	RefAdd RefOpKind = iota + 1
-	// RefRelease says the fork's holder dropped it.
-	RefRelease
-)
-
-// RefOp is one reference-count change, sent to the RRef's owner.
-type RefOp struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	Kind     RefOpKind
-	RRef     RRefID
-	Fork     ForkID
-	// Holder is the worker that holds (or will hold) the fork.
-	Holder int
-}
-
-// The protocol keeps one invariant: a fork's RefAdd reaches the owner before its parent's
-// RefRelease does. A worker sends the RefAdd of every fork it hands out (including the first
+// The protocol keeps one invariant: a fork's wire.RefAdd reaches the owner before its parent's
+// wire.RefRelease does. A worker sends the wire.RefAdd of every fork it hands out (including the first
 // one, for remote()) on its own stream to the owner, before the message that carries the
-// fork, and it can only release its own fork later, on the same ordered stream. A RefRelease
-// may still overtake the RefAdd of the same fork (the receiver drops it at once, on its own
-// stream); the owner then keeps it as a tombstone until the RefAdd comes. So a value whose
+// fork, and it can only release its own fork later, on the same ordered stream. A wire.RefRelease
+// may still overtake the wire.RefAdd of the same fork (the receiver drops it at once, on its own
+// stream); the owner then keeps it as a tombstone until the wire.RefAdd comes. So a value whose
 // table entry has no live forks and no tombstones is referenced nowhere and can be dropped.
 
 // refTable is the owner's side: the live forks of every RRef it owns.
 type refTable struct {
 	mu      sync.Mutex
-	entries map[RRefID]*refEntry
+	entries map[wire.RRefID]*refEntry
 }
 
 type refEntry struct {
-	forks      map[ForkID]int // fork → holder
-	tombstones map[ForkID]int // fork released before it was added → the holder that released it
+	forks      map[wire.ForkID]int // fork → holder
+	tombstones map[wire.ForkID]int // fork released before it was added → the holder that released it
 }
 
-func newRefTable() *refTable { return &refTable{entries: map[RRefID]*refEntry{}} }
+func newRefTable() *refTable { return &refTable{entries: map[wire.RRefID]*refEntry{}} }
 
 // apply performs op and reports whether the RRef is now referenced nowhere.
-func (t *refTable) apply(op RefOp) (dropped bool) {
+func (t *refTable) apply(op wire.RefOp) (dropped bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entries[op.RRef]
 	if e == nil {
-		e = &refEntry{forks: map[ForkID]int{}, tombstones: map[ForkID]int{}}
+		e = &refEntry{forks: map[wire.ForkID]int{}, tombstones: map[wire.ForkID]int{}}
 		t.entries[op.RRef] = e
 	}
 	// Only a fork's holder can release it, and nothing rewrites a fork or tombstone already
 	// there: forged operations can at worst keep a value alive, never free it early.
 	switch op.Kind {
-	case RefAdd:
+	case wire.RefAdd:
 		if releasedBy, early := e.tombstones[op.Fork]; early && releasedBy == op.Holder {
 			delete(e.tombstones, op.Fork)
 		} else if _, dup := e.forks[op.Fork]; !dup {
 			e.forks[op.Fork] = op.Holder
 		}
-	case RefRelease:
+	case wire.RefRelease:
 		if holder, ok := e.forks[op.Fork]; ok {
 			if holder == op.Holder {
 				delete(e.forks, op.Fork)
@@ -95,10 +65,10 @@ func (t *refTable) apply(op RefOp) (dropped bool) {
 
 // releaseHolder drops every fork held by worker, as when it is gone, and returns the RRefs
 // that are now referenced nowhere.
-func (t *refTable) releaseHolder(worker int) []RRefID {
+func (t *refTable) releaseHolder(worker int) []wire.RRefID {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var dropped []RRefID
+	var dropped []wire.RRefID
 	for id, e := range t.entries {
 		for fork, holder := range e.forks {
 			if holder == worker {
@@ -120,17 +90,17 @@ func (t *refTable) len() int {
 }
 
 // NewRRefID returns an id no other RRef or fork of the world has.
-func (a *Agent) NewRRefID() RRefID {
-	return RRefID{Creator: a.self.ID, Local: a.nextLocalID.Add(1)}
+func (a *Agent) NewRRefID() wire.RRefID {
+	return wire.RRefID{Creator: a.self.ID, Local: a.nextLocalID.Add(1)}
 }
 
 // AddFork registers fork of rref, held by holder, with the RRef's owner. Call it before
 // sending the message that carries the fork: the owner gets the registration first, in order
 // with anything else this worker sends it.
-func (a *Agent) AddFork(ctx context.Context, owner int, rref RRefID, fork ForkID, holder int) error {
-	op := RefOp{Kind: RefAdd, RRef: rref, Fork: fork, Holder: holder}
+func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork wire.ForkID, holder int) error {
+	op := wire.RefOp{Kind: wire.RefAdd, RRef: rref, Fork: fork, Holder: holder}
 	if owner == a.self.ID {
-		a.applyRefOps([]RefOp{op})
+		a.applyRefOps([]wire.RefOp{op})
 		return nil
 	}
 	if owner < 0 || owner >= len(a.peers) {
@@ -143,23 +113,23 @@ func (a *Agent) AddFork(ctx context.Context, owner int, rref RRefID, fork ForkID
 	if err != nil {
 		return err
 	}
-	return c.sendOneWay(&Frame{Kind: FrameRefs, Refs: []RefOp{op}})
+	return c.sendOneWay(&wire.Frame{Kind: wire.FrameRefs, Refs: []wire.RefOp{op}})
 }
 
 // ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: releases
 // are batched and sent by a goroutine, still after any AddFork made before.
-func (a *Agent) ReleaseFork(owner int, rref RRefID, fork ForkID) error {
+func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error {
 	if owner < 0 || owner >= len(a.workers) {
 		return fmt.Errorf("%w: RRef owner id %d (world size %d)", ErrUnknownWorker, owner, len(a.workers))
 	}
-	op := RefOp{Kind: RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID}
+	op := wire.RefOp{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID}
 	if owner == a.self.ID {
-		a.applyRefOps([]RefOp{op})
+		a.applyRefOps([]wire.RefOp{op})
 		return nil
 	}
 	a.releaseMu.Lock()
 	if a.releases == nil {
-		a.releases = map[int][]RefOp{}
+		a.releases = map[int][]wire.RefOp{}
 	}
 	a.releases[owner] = append(a.releases[owner], op)
 	a.releaseMu.Unlock()
@@ -175,13 +145,13 @@ func (a *Agent) OwnedRRefs() int { return a.refs.len() }
 
 // applyRefOpsFrom applies reference operations that worker sent to this one as owner. A
 // worker can only release its own forks: releases naming another holder are refused.
-func (a *Agent) applyRefOpsFrom(worker WorkerInfo, ops []RefOp) {
+func (a *Agent) applyRefOpsFrom(worker WorkerInfo, ops []wire.RefOp) {
 	valid := ops[:0]
 	refused := 0
 	for _, op := range ops {
 		switch {
-		case op.Kind == RefAdd && op.Holder >= 0 && op.Holder < len(a.workers),
-			op.Kind == RefRelease && op.Holder == worker.ID:
+		case op.Kind == wire.RefAdd && op.Holder >= 0 && op.Holder < len(a.workers),
+			op.Kind == wire.RefRelease && op.Holder == worker.ID:
 			valid = append(valid, op)
 		default:
 			refused++
@@ -194,7 +164,7 @@ func (a *Agent) applyRefOpsFrom(worker WorkerInfo, ops []RefOp) {
 }
 
 // applyRefOps applies reference operations addressed to this worker as owner.
-func (a *Agent) applyRefOps(ops []RefOp) {
+func (a *Agent) applyRefOps(ops []wire.RefOp) {
 	for _, op := range ops {
 		if a.refs.apply(op) && a.onRRefDropped != nil {
 			a.onRRefDropped(op.RRef)
@@ -224,7 +194,7 @@ func (a *Agent) flushReleases(ctx context.Context) {
 	for owner, ops := range batch {
 		c, err := a.peers[owner].connect(ctx)
 		if err == nil {
-			err = c.sendOneWay(&Frame{Kind: FrameRefs, Refs: ops})
+			err = c.sendOneWay(&wire.Frame{Kind: wire.FrameRefs, Refs: ops})
 		}
 		if err != nil {
 			a.log.Debug("tensorplay-rpc: RRef releases not delivered", "owner", a.workers[owner].Name, "count", len(ops), "err", err)

@@ -6,16 +6,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 func TestRRefForksAcrossWorkers(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
 		var mu sync.Mutex
-		dropped := map[core.RRefID]bool{}
+		dropped := map[wire.RRefID]bool{}
 		cfgs := coretest.Configs(t, 3, opts)
-		cfgs[0].OnRRefDropped = func(id core.RRefID) { mu.Lock(); dropped[id] = true; mu.Unlock() }
+		cfgs[0].OnRRefDropped = func(id wire.RRefID) { mu.Lock(); dropped[id] = true; mu.Unlock() }
 		agents := coretest.Start(t, cfgs).Agents
 		owner, user, third := agents[0], agents[1], agents[2]
 		ctx := context.Background()

@@ -2,29 +2,35 @@ package core
 
 import (
 	"testing"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 func TestRefTableOrders(t *testing.T) {
-	r := RRefID{Creator: 1, Local: 7}
-	f := func(n int64) ForkID { return ForkID{Creator: 1, Local: n} }
-	add := func(n int64, holder int) RefOp { return RefOp{Kind: RefAdd, RRef: r, Fork: f(n), Holder: holder} }
-	rel := func(n int64, holder int) RefOp { return RefOp{Kind: RefRelease, RRef: r, Fork: f(n), Holder: holder} }
+	r := wire.RRefID{Creator: 1, Local: 7}
+	f := func(n int64) wire.ForkID { return wire.ForkID{Creator: 1, Local: n} }
+	add := func(n int64, holder int) wire.RefOp {
+		return wire.RefOp{Kind: wire.RefAdd, RRef: r, Fork: f(n), Holder: holder}
+	}
+	rel := func(n int64, holder int) wire.RefOp {
+		return wire.RefOp{Kind: wire.RefRelease, RRef: r, Fork: f(n), Holder: holder}
+	}
 	tests := []struct {
 		name string
-		ops  []RefOp
+		ops  []wire.RefOp
 		// droppedAt is the index of the op after which the RRef is referenced nowhere; -1: never.
 		droppedAt int
 	}{
-		{name: "create then release", ops: []RefOp{add(1, 1), rel(1, 1)}, droppedAt: 1},
-		{name: "fork outlives its parent", ops: []RefOp{add(1, 1), add(2, 2), rel(1, 1), rel(2, 2)}, droppedAt: 3},
-		{name: "release overtakes its add", ops: []RefOp{add(1, 1), rel(2, 2), rel(1, 1), add(2, 2)}, droppedAt: 3},
-		{name: "release before any add", ops: []RefOp{rel(2, 2), add(1, 1), add(2, 2), rel(1, 1)}, droppedAt: 3},
-		{name: "still held", ops: []RefOp{add(1, 1), add(2, 2), rel(2, 2)}, droppedAt: -1},
+		{name: "create then release", ops: []wire.RefOp{add(1, 1), rel(1, 1)}, droppedAt: 1},
+		{name: "fork outlives its parent", ops: []wire.RefOp{add(1, 1), add(2, 2), rel(1, 1), rel(2, 2)}, droppedAt: 3},
+		{name: "release overtakes its add", ops: []wire.RefOp{add(1, 1), rel(2, 2), rel(1, 1), add(2, 2)}, droppedAt: 3},
+		{name: "release before any add", ops: []wire.RefOp{rel(2, 2), add(1, 1), add(2, 2), rel(1, 1)}, droppedAt: 3},
+		{name: "still held", ops: []wire.RefOp{add(1, 1), add(2, 2), rel(2, 2)}, droppedAt: -1},
 		// A worker cannot release a fork another holds, nor take it over by adding it again.
-		{name: "release by another holder", ops: []RefOp{add(1, 1), rel(1, 3)}, droppedAt: -1},
-		{name: "re-add under another holder", ops: []RefOp{add(1, 1), add(1, 3), rel(1, 3)}, droppedAt: -1},
-		{name: "forged early release", ops: []RefOp{add(1, 1), rel(2, 3), add(2, 2), rel(1, 1)}, droppedAt: -1},
-		{name: "forged release after the real one", ops: []RefOp{add(1, 1), rel(2, 2), rel(2, 3), add(2, 2), rel(1, 1)}, droppedAt: 4},
+		{name: "release by another holder", ops: []wire.RefOp{add(1, 1), rel(1, 3)}, droppedAt: -1},
+		{name: "re-add under another holder", ops: []wire.RefOp{add(1, 1), add(1, 3), rel(1, 3)}, droppedAt: -1},
+		{name: "forged early release", ops: []wire.RefOp{add(1, 1), rel(2, 3), add(2, 2), rel(1, 1)}, droppedAt: -1},
+		{name: "forged release after the real one", ops: []wire.RefOp{add(1, 1), rel(2, 2), rel(2, 3), add(2, 2), rel(1, 1)}, droppedAt: 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,10 +49,10 @@ func TestRefTableOrders(t *testing.T) {
 
 func TestRefTableReleaseHolder(t *testing.T) {
 	table := newRefTable()
-	a, b := RRefID{Creator: 0, Local: 1}, RRefID{Creator: 0, Local: 2}
-	table.apply(RefOp{Kind: RefAdd, RRef: a, Fork: ForkID{Creator: 0, Local: 3}, Holder: 2})
-	table.apply(RefOp{Kind: RefAdd, RRef: b, Fork: ForkID{Creator: 0, Local: 4}, Holder: 2})
-	table.apply(RefOp{Kind: RefAdd, RRef: b, Fork: ForkID{Creator: 0, Local: 5}, Holder: 1})
+	a, b := wire.RRefID{Creator: 0, Local: 1}, wire.RRefID{Creator: 0, Local: 2}
+	table.apply(wire.RefOp{Kind: wire.RefAdd, RRef: a, Fork: wire.ForkID{Creator: 0, Local: 3}, Holder: 2})
+	table.apply(wire.RefOp{Kind: wire.RefAdd, RRef: b, Fork: wire.ForkID{Creator: 0, Local: 4}, Holder: 2})
+	table.apply(wire.RefOp{Kind: wire.RefAdd, RRef: b, Fork: wire.ForkID{Creator: 0, Local: 5}, Holder: 1})
 	dropped := table.releaseHolder(2)
 	if len(dropped) != 1 || dropped[0] != a || table.len() != 1 {
 		t.Fatalf("dropped %v, %d left; want only %v dropped", dropped, table.len(), a)

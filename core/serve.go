@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // calleeDeadlineGrace is how much longer than the caller a callee lets a handler run.
 const calleeDeadlineGrace = 50 * time.Millisecond
 
 // serveStream serves the calls a peer makes over one stream.
-func (a *Agent) serveStream(s Stream) {
+func (a *Agent) serveStream(s transport.Stream) {
 	caller := WorkerInfo{Name: "an unidentified peer"}
 	defer func() {
 		if r := recover(); r != nil {
@@ -26,11 +29,11 @@ func (a *Agent) serveStream(s Stream) {
 	case <-a.serveCtx.Done():
 		return
 	}
-	var said Hello
-	if hello.Kind == FrameHello {
-		said, err = hello.hello()
+	var said wire.Hello
+	if hello.Kind == wire.FrameHello {
+		said, err = hello.Hello()
 	}
-	if hello.Kind != FrameHello || err != nil || said.Rank < 0 || said.Rank >= len(a.workers) || a.workers[said.Rank].Name != said.Name {
+	if hello.Kind != wire.FrameHello || err != nil || said.Rank < 0 || said.Rank >= len(a.workers) || a.workers[said.Rank].Name != said.Name {
 		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name, "from", streamOrigin(s))
 		return
 	}
@@ -50,7 +53,7 @@ func (a *Agent) serveStream(s Stream) {
 	// excess.
 	slots := make(chan struct{}, a.maxServedPerCaller)
 	freeSlot := func() { <-slots }
-	reply := func(fr *Frame, msg Message) <-chan struct{} {
+	reply := func(fr *wire.Frame, msg Message) <-chan struct{} {
 		if a.closing() {
 			freeSlot()
 			return closedChan
@@ -82,7 +85,7 @@ func (a *Agent) serveStream(s Stream) {
 			continue
 		}
 		switch fr.Kind {
-		case FrameRequest:
+		case wire.FrameRequest:
 			select {
 			case slots <- struct{}{}:
 			case <-ctx.Done():
@@ -90,11 +93,11 @@ func (a *Agent) serveStream(s Stream) {
 				return
 			}
 			if refused != nil {
-				reply(&Frame{Kind: FrameResponse, ID: fr.ID, Status: ReplyTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
+				reply(&wire.Frame{Kind: wire.FrameResponse, ID: fr.ID, Status: wire.ReplyTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
 				continue
 			}
 			a.dispatch(ctx, caller, fr, msg, reply)
-		case FrameRefs:
+		case wire.FrameRefs:
 			a.applyRefOpsFrom(caller, fr.Refs)
 		default:
 			msg.Release()
@@ -105,12 +108,12 @@ func (a *Agent) serveStream(s Stream) {
 
 // dispatch hands one request carrying msg to its handler; respond queues the response frame
 // and returns a channel closed once the response's memory is no longer read.
-func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, msg Message, respond func(*Frame, Message) <-chan struct{}) {
+func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *wire.Frame, msg Message, respond func(*wire.Frame, Message) <-chan struct{}) {
 	id := req.ID
 	h := a.handler(req.Method)
 	if h == nil {
 		msg.Release()
-		respond(&Frame{Kind: FrameResponse, ID: id, Status: ReplyNoHandler, Error: fmt.Sprintf("method %q is not registered", truncateText(req.Method, maxMethodName))}, Message{})
+		respond(&wire.Frame{Kind: wire.FrameResponse, ID: id, Status: wire.ReplyNoHandler, Error: fmt.Sprintf("method %q is not registered", truncateText(req.Method, maxMethodName))}, Message{})
 		return
 	}
 	cancel := context.CancelFunc(func() {})
@@ -125,7 +128,7 @@ func (a *Agent) dispatch(ctx context.Context, caller WorkerInfo, req *Frame, msg
 		ctx:     ctx,
 		maxSize: a.maxMessageSize,
 		log:     a.log,
-		respond: func(resp *Frame, m Message) <-chan struct{} {
+		respond: func(resp *wire.Frame, m Message) <-chan struct{} {
 			cancel()
 			resp.ID = id
 			return respond(resp, m)

@@ -3,6 +3,8 @@ package core
 import (
 	"fmt"
 	"regexp"
+
+	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
 )
 
 // WorkerInfo identifies one worker of the world.
@@ -30,3 +32,7 @@ func ValidateName(name string) error {
 	}
 	return nil
 }
+
+// TLSFiles names the PEM files that put a world's traffic under mutual TLS (see
+// Config.TLS): this worker's certificate and key, and the CA that signed every worker's.
+type TLSFiles = secure.TLSFiles

@@ -2,13 +2,16 @@ package core
 
 import (
 	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // frameWriter owns the sending side of one stream. Small frames go out first, in order; big
 // messages are cut into chunks sent in turn with each other and with small frames, so a small
 // call is never stuck behind a big transfer to the same peer.
 type frameWriter struct {
-	stream    Stream
+	stream    transport.Stream
 	chunkSize int
 	onError   func(error)
 
@@ -30,7 +33,7 @@ type frameWriter struct {
 
 // outMessage is a queued frame and, for a big message, the data it sends in chunks.
 type outMessage struct {
-	header   *Frame
+	header   *wire.Frame
 	segments [][]byte
 	total    int64
 	offset   int64 // bytes sent so far
@@ -48,7 +51,7 @@ func (m *outMessage) finish() {
 	}
 }
 
-func newFrameWriter(s Stream, chunkSize int, onError func(error)) *frameWriter {
+func newFrameWriter(s transport.Stream, chunkSize int, onError func(error)) *frameWriter {
 	w := &frameWriter{stream: s, chunkSize: chunkSize, onError: onError, wake: make(chan struct{}, 1)}
 	go w.run()
 	return w
@@ -61,7 +64,7 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // channel is closed once msg's memory is no longer read (sent, or dropped after an error), and
 // then onSent, if set, runs (on the writer's goroutine: it must not block). If send fails,
 // onSent does not run.
-func (w *frameWriter) send(f *Frame, msg Message, onSent func()) (*outMessage, error) {
+func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessage, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
@@ -108,7 +111,7 @@ func (w *frameWriter) send(f *Frame, msg Message, onSent func()) (*outMessage, e
 }
 
 // sendFrame queues a frame that carries only what is in it (no big message).
-func (w *frameWriter) sendFrame(f *Frame) error {
+func (w *frameWriter) sendFrame(f *wire.Frame) error {
 	_, err := w.send(f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil)
 	return err
 }
@@ -143,7 +146,7 @@ func (w *frameWriter) close(err error) {
 
 // next picks what to write: a small frame if any, else the next chunk of the big message
 // whose turn it is. done is set when m's memory is no longer needed after f is written.
-func (w *frameWriter) next() (f *Frame, m *outMessage, done bool, err error) {
+func (w *frameWriter) next() (f *wire.Frame, m *outMessage, done bool, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for {
@@ -166,7 +169,7 @@ func (w *frameWriter) next() (f *Frame, m *outMessage, done bool, err error) {
 		case m.aborted:
 			w.finished(m)
 			m.finish()
-			return &Frame{Kind: FrameAbort, ID: m.header.ID}, nil, false, nil
+			return &wire.Frame{Kind: wire.FrameAbort, ID: m.header.ID}, nil, false, nil
 		case !m.started:
 			m.started = true
 			w.underWay += m.total
@@ -174,7 +177,7 @@ func (w *frameWriter) next() (f *Frame, m *outMessage, done bool, err error) {
 			w.large = append(w.large, m)
 			return m.header, nil, false, nil
 		}
-		f = &Frame{Kind: FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(w.chunkSize)}
+		f = &wire.Frame{Kind: wire.FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(w.chunkSize)}
 		m.offset += int64(len(f.Payload))
 		if m.offset < m.total {
 			w.large = append(w.large, m)

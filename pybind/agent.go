@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // Agent is a worker's agent as Python holds it.
@@ -93,7 +94,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		Token:          token,
 		TLS:            tlsFiles,
 		Handlers:       map[string]core.Handler{PyMethod: queueHandler{a}},
-		OnRRefDropped: func(id core.RRefID) {
+		OnRRefDropped: func(id wire.RRefID) {
 			a.post(&Event{kind: EventRRefDropped, rref: id})
 		},
 	})

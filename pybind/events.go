@@ -3,7 +3,7 @@ package pybind
 import (
 	"context"
 
-	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // Event kinds.
@@ -17,7 +17,7 @@ const (
 type Event struct {
 	kind     int
 	notifyID int64
-	rref     core.RRefID
+	rref     wire.RRefID
 }
 
 // Valid reports whether the event is real (gopy turns a nil *Event into an empty one).
@@ -59,13 +59,13 @@ func (a *Agent) NewLocalID() int64 { return a.agent.NewRRefID().Local }
 func (a *Agent) AddFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64, holder int) (err error) {
 	defer recovered(&err)
 	return a.agent.AddFork(context.Background(), owner,
-		core.RRefID{Creator: rrefCreator, Local: rrefLocal}, core.ForkID{Creator: forkCreator, Local: forkLocal}, holder)
+		wire.RRefID{Creator: rrefCreator, Local: rrefLocal}, wire.ForkID{Creator: forkCreator, Local: forkLocal}, holder)
 }
 
 // ReleaseFork tells the owner this worker dropped a fork; it does not block.
 func (a *Agent) ReleaseFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64) (err error) {
 	defer recovered(&err)
-	return a.agent.ReleaseFork(owner, core.RRefID{Creator: rrefCreator, Local: rrefLocal}, core.ForkID{Creator: forkCreator, Local: forkLocal})
+	return a.agent.ReleaseFork(owner, wire.RRefID{Creator: rrefCreator, Local: rrefLocal}, wire.ForkID{Creator: forkCreator, Local: forkLocal})
 }
 
 // OwnedRRefs is the number of RRefs this worker owns that are referenced somewhere.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
 
 // Cluster is a world of agents in this process.
@@ -54,12 +55,12 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 	}
 	cfgs := make([]core.Config, n)
 	var store core.Store
-	var network *core.InmemNetwork
+	var network *transport.InmemNetwork
 	init := ""
 	if opts.GRPC {
 		init = fmt.Sprintf("tcp://127.0.0.1:%d", FreePort(t))
 	} else {
-		store, network = core.NewMemStore(), core.NewInmemNetwork()
+		store, network = core.NewMemStore(), transport.NewInmemNetwork()
 	}
 	for i := range cfgs {
 		cfgs[i] = core.Config{

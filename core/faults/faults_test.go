@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 var echo = map[string]core.Handler{
@@ -69,9 +70,9 @@ func TestSurvivorsShutDownGracefully(t *testing.T) {
 // TestForksOfAGoneWorkerAreDropped: values referenced only by a worker that died are dropped
 // by their owner, not kept forever.
 func TestForksOfAGoneWorkerAreDropped(t *testing.T) {
-	dropped := make(chan core.RRefID, 1)
+	dropped := make(chan wire.RRefID, 1)
 	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: echo})
-	cfgs[0].OnRRefDropped = func(id core.RRefID) { dropped <- id }
+	cfgs[0].OnRRefDropped = func(id wire.RRefID) { dropped <- id }
 	c := coretest.Start(t, cfgs)
 	owner, user := c.Agents[0], c.Agents[1]
 	id, fork := user.NewRRefID(), user.NewRRefID()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // TestHostileBytes sends what a stranger or a broken peer might to a worker's and the store's
@@ -56,7 +58,7 @@ func TestHostileBytes(t *testing.T) {
 	// A peer that speaks the protocol: a message over the limit fails that call only (its
 	// chunks would be dropped); frames no honest peer sends end that peer's stream. Nothing
 	// is allocated by what a frame claims, and the worker keeps serving.
-	tr, _ := core.NewGRPCTransport("", nil)
+	tr, _ := grpctransport.New("", nil)
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -67,35 +69,35 @@ func TestHostileBytes(t *testing.T) {
 	)
 	protocolAttacks := []struct {
 		name   string
-		frames []*core.Frame
+		frames []*wire.Frame
 		want   outcome
 	}{
-		{name: "a petabyte announced", want: refusedTooLarge, frames: []*core.Frame{
-			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1 << 50}}}},
-		{name: "sizes whose sum wraps", want: refusedTooLarge, frames: []*core.Frame{
-			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
-			{Kind: core.FrameChunk, ID: 1, Payload: []byte{1}}}},
-		{name: "a chunk at an offset near the end of int64", want: streamDropped, frames: []*core.Frame{
-			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{64}},
-			{Kind: core.FrameChunk, ID: 1, Offset: math.MaxInt64 - 2, Payload: []byte{1, 2, 3, 4}}}},
-		{name: "a negative size", want: streamDropped, frames: []*core.Frame{
-			{Kind: core.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{8, -4}}}},
-		{name: "a chunk of a message never announced", want: streamDropped, frames: []*core.Frame{
-			{Kind: core.FrameChunk, ID: 9, Payload: []byte{1}}}},
+		{name: "a petabyte announced", want: refusedTooLarge, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1 << 50}}}},
+		{name: "sizes whose sum wraps", want: refusedTooLarge, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{1, math.MaxInt64, math.MaxInt64, 2}},
+			{Kind: wire.FrameChunk, ID: 1, Payload: []byte{1}}}},
+		{name: "a chunk at an offset near the end of int64", want: streamDropped, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{64}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: math.MaxInt64 - 2, Payload: []byte{1, 2, 3, 4}}}},
+		{name: "a negative size", want: streamDropped, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Method: "echo", Sizes: []int64{8, -4}}}},
+		{name: "a chunk of a message never announced", want: streamDropped, frames: []*wire.Frame{
+			{Kind: wire.FrameChunk, ID: 9, Payload: []byte{1}}}},
 	}
 	for _, a := range protocolAttacks {
 		s, err := tr.Dial(ctx, worker)
 		if err != nil {
 			t.Fatalf("%s: %v", a.name, err)
 		}
-		s.Send(core.HelloFrame("w0", 0))
+		s.Send(wire.HelloFrame("w0", 0))
 		for _, f := range a.frames {
 			s.Send(f)
 		}
 		resp, err := s.Recv()
 		switch a.want {
 		case refusedTooLarge:
-			if err != nil || resp.Status != core.ReplyTooLarge || !strings.Contains(resp.Error, "limit") {
+			if err != nil || resp.Status != wire.ReplyTooLarge || !strings.Contains(resp.Error, "limit") {
 				t.Errorf("%s: got %+v, %v; want the call refused as over the limit", a.name, resp, err)
 			}
 		case streamDropped:

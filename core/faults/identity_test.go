@@ -7,15 +7,18 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // TestAPeerCanOnlyActAsItself: a stream's hello must name a worker registered at the host it
 // comes from, and a worker can release only the RRef forks it holds itself, so a peer cannot
 // make an owner drop a value another worker still uses.
 func TestAPeerCanOnlyActAsItself(t *testing.T) {
-	dropped := make(chan core.RRefID, 1)
+	dropped := make(chan wire.RRefID, 1)
 	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo})
-	cfgs[0].OnRRefDropped = func(id core.RRefID) { dropped <- id }
+	cfgs[0].OnRRefDropped = func(id wire.RRefID) { dropped <- id }
 	c := coretest.Start(t, cfgs)
 	owner, holder := c.Agents[0], c.Agents[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -27,40 +30,40 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if _, err := holder.Call(ctx, "w0", "echo", core.Message{}); err != nil {
 		t.Fatal(err) // the fork is registered once this call, sent after it, is answered
 	}
-	forged := func(holder int) *core.Frame {
-		return &core.Frame{Kind: core.FrameRefs, Refs: []core.RefOp{{Kind: core.RefRelease, RRef: rref, Fork: fork, Holder: holder}}}
+	forged := func(holder int) *wire.Frame {
+		return &wire.Frame{Kind: wire.FrameRefs, Refs: []wire.RefOp{{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: holder}}}
 	}
 
 	// From another address (127.0.0.2 is loopback too), claiming to be w1: refused at hello.
-	elsewhere, _ := core.NewGRPCTransport("", nil)
+	elsewhere, _ := grpctransport.New("", nil)
 	defer elsewhere.Close()
-	if _, err := elsewhere.Listen("127.0.0.2", func(core.Stream) {}); err != nil {
+	if _, err := elsewhere.Listen("127.0.0.2", func(transport.Stream) {}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := elsewhere.Dial(ctx, owner.Self().Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(core.HelloFrame("w1", 1))
+	s.Send(wire.HelloFrame("w1", 1))
 	s.Send(forged(1))
-	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
+	s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
 	if resp, err := s.Recv(); err == nil {
 		t.Fatalf("a stream from 127.0.0.2 posing as w1 (registered at %s) was served: %+v", holder.Self().Addr, resp)
 	}
 
 	// From the right host as w2: its releases of w1's fork, in w1's name or its own, are
 	// refused. The echo after them answers once they were applied.
-	local, _ := core.NewGRPCTransport("", nil)
+	local, _ := grpctransport.New("", nil)
 	defer local.Close()
 	s, err = local.Dial(ctx, owner.Self().Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(core.HelloFrame("w2", 2))
+	s.Send(wire.HelloFrame("w2", 2))
 	s.Send(forged(1))
 	s.Send(forged(2))
-	s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
-	if resp, err := s.Recv(); err != nil || resp.Status != core.ReplyOK {
+	s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
+	if resp, err := s.Recv(); err != nil || resp.Status != wire.ReplyOK {
 		t.Fatalf("the honest-looking stream was not served: %+v, %v", resp, err)
 	}
 	if owner.OwnedRRefs() != 1 {

@@ -20,6 +20,8 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // testCA is a throwaway certificate authority writing PEM files into a test's directory.
@@ -116,14 +118,14 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		t.Fatalf("a call inside the world: %v", err)
 	}
 	for name, files := range map[string]*core.TLSFiles{"no TLS": nil, "another CA": &stranger} {
-		tr, err := core.NewGRPCTransport("", files)
+		tr, err := grpctransport.New("", files)
 		if err != nil {
 			t.Fatal(err)
 		}
 		s, err := tr.Dial(ctx, agents[1].Self().Addr)
 		if err == nil {
-			s.Send(core.HelloFrame("w0", 0))
-			s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "count"})
+			s.Send(wire.HelloFrame("w0", 0))
+			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}
 		if err == nil {
@@ -168,7 +170,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 	}
 
 	onlyW1 := ca.issue("w1")
-	tr, err := core.NewGRPCTransport("", &onlyW1)
+	tr, err := grpctransport.New("", &onlyW1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,10 +184,10 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Send(core.HelloFrame(tt.hello, tt.rank))
-		s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "echo"})
+		s.Send(wire.HelloFrame(tt.hello, tt.rank))
+		s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
 		resp, err := s.Recv()
-		if served := err == nil && resp.Status == core.ReplyOK; served != tt.served {
+		if served := err == nil && resp.Status == wire.ReplyOK; served != tt.served {
 			t.Errorf("a certificate naming only w1, speaking as %s: served = %v, want %v (%v)", tt.hello, served, tt.served, err)
 		}
 		s.Close()

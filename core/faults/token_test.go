@@ -9,6 +9,8 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // TestTokenKeepsStrangersOut: in a world with a token, a peer without it, or with a wrong one,
@@ -29,11 +31,11 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 		t.Fatalf("a call inside the world: %v", err)
 	}
 	for _, token := range []string{"", "wrong"} {
-		tr, _ := core.NewGRPCTransport(token, nil)
+		tr, _ := grpctransport.New(token, nil)
 		s, err := tr.Dial(ctx, agents[1].Self().Addr)
 		if err == nil {
-			s.Send(core.HelloFrame("w0", 0))
-			s.Send(&core.Frame{Kind: core.FrameRequest, ID: 1, Method: "count"})
+			s.Send(wire.HelloFrame("w0", 0))
+			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}
 		if err == nil || !strings.Contains(err.Error(), "token") {

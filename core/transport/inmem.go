@@ -1,9 +1,11 @@
-package core
+package transport
 
 import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // InmemNetwork connects in-memory transports to each other by address, for tests.
@@ -62,7 +64,7 @@ func (t *InmemTransport) Dial(ctx context.Context, addr string) (Stream, error) 
 	far.from = t.addr
 	t.mu.Unlock()
 	if !t.track(local) {
-		return nil, ErrShutdown
+		return nil, ErrClosed
 	}
 	if !remote.track(far) {
 		t.untrack(local)
@@ -112,7 +114,7 @@ func (t *InmemTransport) untrack(s *inmemStream) {
 
 // inmemPipeEnd is one direction of a pipe: a queue closed when either end closes.
 type inmemPipeEnd struct {
-	ch     chan *Frame
+	ch     chan *wire.Frame
 	closed chan struct{}
 	once   sync.Once
 }
@@ -126,37 +128,37 @@ type inmemStream struct {
 func (s *inmemStream) Identity() PeerIdentity { return PeerIdentity{Addr: s.from} }
 
 func newInmemPipe() (*inmemStream, *inmemStream) {
-	a := &inmemPipeEnd{ch: make(chan *Frame, 64), closed: make(chan struct{})}
-	b := &inmemPipeEnd{ch: make(chan *Frame, 64), closed: make(chan struct{})}
+	a := &inmemPipeEnd{ch: make(chan *wire.Frame, 64), closed: make(chan struct{})}
+	b := &inmemPipeEnd{ch: make(chan *wire.Frame, 64), closed: make(chan struct{})}
 	return &inmemStream{in: a, out: b}, &inmemStream{in: b, out: a}
 }
 
-func (s *inmemStream) Send(f *Frame) error {
+func (s *inmemStream) Send(f *wire.Frame) error {
 	select {
 	case <-s.out.closed:
-		return errStreamClosed
+		return ErrClosed
 	case <-s.in.closed:
-		return errStreamClosed
+		return ErrClosed
 	default:
 	}
 	select {
 	case s.out.ch <- f:
 		return nil
 	case <-s.out.closed:
-		return errStreamClosed
+		return ErrClosed
 	case <-s.in.closed:
-		return errStreamClosed
+		return ErrClosed
 	}
 }
 
-func (s *inmemStream) Recv() (*Frame, error) {
+func (s *inmemStream) Recv() (*wire.Frame, error) {
 	select {
 	case f := <-s.in.ch:
 		return f, nil
 	case <-s.in.closed:
-		return nil, errStreamClosed
+		return nil, ErrClosed
 	case <-s.out.closed:
-		return nil, errStreamClosed
+		return nil, ErrClosed
 	}
 }
 

@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"bytes"
@@ -97,7 +97,7 @@ func (f *Frame) MarshalBuffers(pool mem.BufferPool) (mem.BufferSlice, bool, erro
 }
 
 // DecodeMsgpack reads what EncodeMsgpack wrote. A chunk's bytes go straight to the place its
-// stream's reassembler gives (chunkSink), instead of through a fresh slice.
+// stream's reassembler gives (Sink), instead of through a fresh slice.
 func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
@@ -133,7 +133,7 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 	if f.Payload, err = f.decodePayload(dec); err != nil {
 		return err
 	}
-	if n, err = decodeLen(dec, "buffers", maxBuffersPerMessage); err != nil {
+	if n, err = decodeLen(dec, "buffers", MaxBuffersPerMessage); err != nil {
 		return err
 	}
 	for i := 0; i < n; i++ {
@@ -143,7 +143,7 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 		}
 		f.Buffers = append(f.Buffers, b)
 	}
-	if n, err = decodeLen(dec, "refs", maxBuffersPerMessage); err != nil {
+	if n, err = decodeLen(dec, "refs", MaxBuffersPerMessage); err != nil {
 		return err
 	}
 	for i := 0; i < n; i++ {
@@ -153,7 +153,7 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 		}
 		f.Refs = append(f.Refs, op)
 	}
-	if n, err = decodeLen(dec, "sizes", maxBuffersPerMessage); err != nil {
+	if n, err = decodeLen(dec, "sizes", MaxBuffersPerMessage); err != nil {
 		return err
 	}
 	for i := 0; i < n; i++ {
@@ -167,14 +167,14 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 }
 
 func (f *Frame) decodePayload(dec *msgpack.Decoder) ([]byte, error) {
-	if f.Kind != FrameChunk || f.chunkSink == nil {
+	if f.Kind != FrameChunk || f.Sink == nil {
 		return decodeBytes(dec)
 	}
 	n, err := dec.DecodeBytesLen()
 	if err != nil || n < 0 {
 		return nil, err
 	}
-	dst, ok := f.chunkSink(f.ID, f.Offset, n)
+	dst, ok := f.Sink(f.ID, f.Offset, n)
 	if !ok {
 		return nil, fmt.Errorf("chunk of message %d at %d+%d does not fit a message being received", f.ID, f.Offset, n)
 	}
@@ -183,13 +183,13 @@ func (f *Frame) decodePayload(dec *msgpack.Decoder) ([]byte, error) {
 		if err := skipBytes(dec, n); err != nil {
 			return nil, err
 		}
-		f.sunk, f.dropped = true, n
+		f.placed, f.dropped = true, n
 		return nil, nil
 	}
 	if err := dec.ReadFull(dst); err != nil {
 		return nil, err
 	}
-	f.sunk = true
+	f.placed = true
 	return dst, nil
 }
 

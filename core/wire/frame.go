@@ -1,4 +1,7 @@
-package core
+// Package wire is what tensorplay-rpc agents say to each other: the Frame every transport
+// carries, its msgpack encoding, and the reference operations of the RRef protocol. Everything
+// a peer sends is untrusted: the decoder bounds every length before it allocates.
+package wire
 
 import "github.com/vmihailenco/msgpack/v5"
 
@@ -55,12 +58,32 @@ type Frame struct {
 	// Offset is where a chunk's bytes go in its message.
 	Offset int64
 
-	// chunkSink, set by a stream's reader before decoding, gives the memory a chunk's bytes
-	// go to; sunk says they went there.
-	chunkSink chunkSink
-	sunk      bool
-	dropped   int // the length of a sunk chunk whose bytes were dropped
+	// Sink, set by a stream's reader before decoding, gives the memory a chunk's bytes go to,
+	// so they are decoded in place (see ChunkSink).
+	Sink ChunkSink
+
+	placed  bool // the chunk's bytes went through Sink
+	dropped int  // the length of a placed chunk whose bytes were dropped
 }
+
+// ChunkSink is where a stream's reader wants chunk bytes decoded to: dst, or nowhere (dst nil
+// and ok set) for a message being dropped; ok unset refuses the chunk, failing the decode.
+type ChunkSink func(id uint64, offset int64, n int) (dst []byte, ok bool)
+
+// Placed reports whether a decoded chunk's bytes went through its Sink (placed or dropped),
+// and how many there were.
+func (f *Frame) Placed() (n int, ok bool) {
+	return len(f.Payload) + f.dropped, f.placed
+}
+
+// Limits every peer is held to.
+const (
+	// MaxFrameBytes bounds one encoded frame: bigger data travels in chunks, so a peer that
+	// announces more is refused before anything is allocated.
+	MaxFrameBytes = 16 << 20
+	// MaxBuffersPerMessage bounds the buffers (and refs, and sizes) one message announces.
+	MaxBuffersPerMessage = 1 << 16
+)
 
 // Hello is what a caller says of itself when it opens a stream.
 type Hello struct {
@@ -75,8 +98,8 @@ func HelloFrame(name string, rank int) *Frame {
 	return &Frame{Kind: FrameHello, Payload: payload}
 }
 
-// hello reads the Hello a FrameHello carries.
-func (f *Frame) hello() (Hello, error) {
+// Hello reads the Hello a FrameHello carries.
+func (f *Frame) Hello() (Hello, error) {
 	var h Hello
 	err := msgpack.Unmarshal(f.Payload, &h)
 	return h, err

@@ -1,4 +1,4 @@
-package core
+package secure
 
 import (
 	"crypto/tls"

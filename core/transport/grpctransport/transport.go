@@ -1,0 +1,220 @@
+// Package grpctransport is the transport of real worlds: each agent serves one gRPC service,
+// and a caller opens one long-lived bidirectional stream per callee that carries msgpack
+// frames (package wire) multiplexed by call id. Every connection is guarded by the world's
+// token and TLS files (package secure's policy).
+package grpctransport
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	grpcpeer "google.golang.org/grpc/peer"
+)
+
+const (
+	agentService    = "tensorplay.rpc.Agent"
+	agentStreamPath = "/" + agentService + "/Stream"
+)
+
+var agentStreamDesc = grpc.StreamDesc{StreamName: "Stream", ServerStreams: true, ClientStreams: true}
+
+// Transport is the transport.Transport of real worlds: one gRPC server per agent and one
+// client connection with one bidirectional stream per peer dialed.
+type Transport struct {
+	sec secure.World
+	// localIP is the address this transport listens on; streams it dials leave from it, so
+	// peers can check that a stream comes from the host the worker registered.
+	localIP net.IP
+
+	mu      sync.Mutex
+	server  *grpc.Server
+	conns   []*grpc.ClientConn
+	streams map[*grpcClientStream]struct{}
+	closed  bool
+}
+
+// New returns a transport that is not yet listening. A non-empty token is presented on every
+// stream it opens and required on every stream it accepts; with tlsFiles, every connection is
+// mutual TLS under the world's CA.
+func New(token string, tlsFiles *secure.TLSFiles) (*Transport, error) {
+	sec, err := secure.New(token, tlsFiles)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{sec: sec, streams: map[*grpcClientStream]struct{}{}}, nil
+}
+
+// Listen serves agent streams on host at a port the OS picks.
+func (t *Transport) Listen(host string, serve func(transport.Stream)) (string, error) {
+	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", fmt.Errorf("listen on %s: %w", host, err)
+	}
+	t.sec.WarnIfOpen("worker", host)
+	srv := grpc.NewServer(t.sec.ServerOptions()...)
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+		t.localIP = ip
+	}
+	srv.RegisterService(&grpc.ServiceDesc{
+		ServiceName: agentService,
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{
+			StreamName:    "Stream",
+			ServerStreams: true,
+			ClientStreams: true,
+			Handler: func(_ any, ss grpc.ServerStream) error {
+				serve(&grpcServerStream{ss: ss})
+				return nil
+			},
+		}},
+	}, struct{}{})
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		lis.Close()
+		return "", transport.ErrClosed
+	}
+	t.server = srv
+	t.mu.Unlock()
+	go srv.Serve(lis)
+	return lis.Addr().String(), nil
+}
+
+// Dial opens a stream to addr, failing fast if nothing listens there.
+func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	opts := t.sec.DialOptions()
+	if t.localIP != nil {
+		opts = append(opts, grpc.WithContextDialer(t.dialFromLocalIP))
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	// The stream outlives ctx; ctx bounds only its set-up.
+	stop := context.AfterFunc(ctx, cancel)
+	cs, err := cc.NewStream(sctx, &agentStreamDesc, agentStreamPath)
+	if !stop() || err != nil {
+		cancel()
+		cc.Close()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("open stream to %s: %w", addr, err)
+	}
+	s := &grpcClientStream{cs: cs, cc: cc, cancel: cancel, owner: t}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		s.close()
+		return nil, transport.ErrClosed
+	}
+	t.streams[s] = struct{}{}
+	return s, nil
+}
+
+// dialFromLocalIP connects to addr from the address this transport listens on, unless that
+// cannot reach it (a loopback address toward another host).
+func (t *Transport) dialFromLocalIP(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() == t.localIP.IsLoopback() {
+			d.LocalAddr = &net.TCPAddr{IP: t.localIP}
+		}
+	}
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// Close stops the server at once and breaks every dialed stream. The server goes first: a
+// peer that sees this worker's streams end and probes it must find it gone.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	srv := t.server
+	streams := t.streams
+	t.streams = map[*grpcClientStream]struct{}{}
+	t.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+	}
+	for s := range streams {
+		s.close()
+	}
+	return nil
+}
+
+type grpcServerStream struct {
+	ss   grpc.ServerStream
+	sink wire.ChunkSink
+}
+
+func (s *grpcServerStream) setChunkSink(sink wire.ChunkSink) { s.sink = sink }
+
+// Identity implements transport.IdentifiedStream: the peer's address and its certificate's names.
+func (s *grpcServerStream) Identity() transport.PeerIdentity {
+	p, ok := grpcpeer.FromContext(s.ss.Context())
+	if !ok {
+		return transport.PeerIdentity{}
+	}
+	id := transport.PeerIdentity{Addr: p.Addr.String()}
+	if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+		leaf := info.State.PeerCertificates[0]
+		if leaf.Subject.CommonName != "" {
+			id.Names = append(id.Names, leaf.Subject.CommonName)
+		}
+		id.Names = append(id.Names, leaf.DNSNames...)
+	}
+	return id
+}
+func (s *grpcServerStream) Send(f *wire.Frame) error { return s.ss.SendMsg(f) }
+func (s *grpcServerStream) Recv() (*wire.Frame, error) {
+	f := &wire.Frame{Sink: s.sink}
+	if err := s.ss.RecvMsg(f); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Close is a no-op: a server stream ends when its serve function returns.
+func (s *grpcServerStream) Close() error { return nil }
+
+type grpcClientStream struct {
+	cs     grpc.ClientStream
+	cc     *grpc.ClientConn
+	cancel context.CancelFunc
+	owner  *Transport
+	once   sync.Once
+	sink   wire.ChunkSink
+}
+
+func (s *grpcClientStream) setChunkSink(sink wire.ChunkSink) { s.sink = sink }
+func (s *grpcClientStream) Send(f *wire.Frame) error         { return s.cs.SendMsg(f) }
+func (s *grpcClientStream) Recv() (*wire.Frame, error) {
+	f := &wire.Frame{Sink: s.sink}
+	if err := s.cs.RecvMsg(f); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (s *grpcClientStream) Close() error {
+	s.owner.mu.Lock()
+	delete(s.owner.streams, s)
+	s.owner.mu.Unlock()
+	s.close()
+	return nil
+}
+
+func (s *grpcClientStream) close() {
+	s.once.Do(func() {
+		s.cancel()
+		s.cc.Close()
+	})
+}

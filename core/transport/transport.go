@@ -1,0 +1,55 @@
+// Package transport is how agents reach each other: the Transport and Stream interfaces every
+// transport implements, and an in-memory one for tests ([InmemNetwork]).
+package transport
+
+import (
+	"context"
+	"errors"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+)
+
+// Transport carries frames between agents. Implementations: the gRPC transport of real worlds
+// (package grpctransport) and an in-memory one for tests ([InmemNetwork]).
+type Transport interface {
+	// Listen starts accepting streams on host and returns the address peers dial. For each
+	// incoming stream the transport calls serve, which returns when the stream is over.
+	Listen(host string, serve func(Stream)) (addr string, err error)
+	// Dial opens a stream to the agent listening at addr.
+	Dial(ctx context.Context, addr string) (Stream, error)
+	// Close stops listening and breaks every stream of this transport.
+	Close() error
+}
+
+// Stream is one bidirectional frame stream. Send and Recv may run concurrently with each
+// other, but Send must not be called concurrently with itself (nor Recv with itself).
+type Stream interface {
+	Send(f *wire.Frame) error
+	// Recv returns the next frame, or an error once the stream is broken or closed.
+	Recv() (*wire.Frame, error)
+	// Close ends the stream; the peer's Recv then fails.
+	Close() error
+}
+
+// PeerIdentity is what a transport knows of who opened a stream it accepted.
+type PeerIdentity struct {
+	// Addr is where the stream came from: "host:port" for network transports, the address
+	// the dialing transport listens on for the in-memory one; "" if unknown.
+	Addr string
+	// Names are the names the peer's TLS certificate carries (common name and DNS names).
+	Names []string
+}
+
+// IdentifiedStream is implemented by accepted streams whose transport knows who opened them.
+type IdentifiedStream interface {
+	Identity() PeerIdentity
+}
+
+// SinkSetter is implemented by streams that decode frames themselves, so the receiver can
+// have chunks decoded straight into the messages they belong to.
+type SinkSetter interface {
+	SetChunkSink(wire.ChunkSink)
+}
+
+// ErrClosed is what a stream or transport closed locally reports.
+var ErrClosed = errors.New("closed")

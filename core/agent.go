@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
@@ -50,8 +51,8 @@ type Config struct {
 	TLS *TLSFiles
 	// Transport carries calls; nil means a new gRPC transport (package grpctransport).
 	Transport transport.Transport
-	// Store is used instead of the one InitMethod names, e.g. a MemStore in tests.
-	Store Store
+	// Store is used instead of the one InitMethod names, e.g. a rendezvous.MemStore in tests.
+	Store rendezvous.Store
 	// Logger receives warnings; nil means slog.Default().
 	Logger *slog.Logger
 	// MaxMessageSize bounds the payload plus buffers of one message, sent or received; 0 means
@@ -87,9 +88,8 @@ type Agent struct {
 	peers   []*peer
 
 	transport   transport.Transport
-	store       Store
-	storeServer *StoreServer
-	leaveStore  func() error // set for stores that need to hear a worker leave
+	store       rendezvous.Store
+	storeServer *rendezvous.StoreServer
 	log         *slog.Logger
 
 	maxMessageSize     int64
@@ -201,7 +201,7 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 	a.self = WorkerInfo{Name: cfg.Name, ID: cfg.Rank, Addr: addr}
 	// The store itself gives up after InitTimeout and names the missing ranks; the slack lets
 	// its answer arrive.
-	ctx, cancel := context.WithTimeout(ctx, cfg.InitTimeout+storeReplySlack)
+	ctx, cancel := context.WithTimeout(ctx, cfg.InitTimeout+rendezvous.ReplySlack)
 	defer cancel()
 	workers, err := join(ctx, a.store, a.self, cfg.WorldSize, cfg.InitTimeout)
 	if err != nil {
@@ -226,27 +226,25 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 		if path == "" {
 			return "", fmt.Errorf("init_method %q names no file", cfg.InitMethod)
 		}
-		fs := NewFileStore(path)
-		a.store = fs
-		a.leaveStore = func() error { return fs.leave(cfg.Rank, cfg.WorldSize) }
+		a.store = rendezvous.NewFileStore(path)
 		// A file every worker opens suggests one machine: loopback unless told otherwise.
 		return cmp.Or(host, "127.0.0.1"), nil
 	}
-	addr, err := StoreAddress(cfg.InitMethod, os.Getenv)
+	addr, err := rendezvous.StoreAddress(cfg.InitMethod, os.Getenv)
 	if err != nil {
 		return "", err
 	}
 	if cfg.Rank == 0 {
-		mem := NewMemStore()
-		if a.storeServer, err = ServeStore(addr, mem, cfg.Token, cfg.TLS); err != nil {
+		mem := rendezvous.NewMemStore()
+		if a.storeServer, err = rendezvous.ServeStore(addr, mem, cfg.Token, cfg.TLS); err != nil {
 			return "", fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
 		}
 		a.store = mem
-	} else if a.store, err = DialStore(addr, cfg.Token, cfg.TLS); err != nil {
+	} else if a.store, err = rendezvous.DialStore(addr, cfg.Token, cfg.TLS); err != nil {
 		return "", err
 	}
 	if host == "" {
-		if host, err = hostToward(addr); err != nil {
+		if host, err = rendezvous.HostToward(addr); err != nil {
 			return "", fmt.Errorf("%w: %w", ErrRendezvous, err)
 		}
 	}

@@ -1,18 +1,28 @@
 // Package core is the tensorplay-rpc agent: the part of a worker that owns the network.
 //
 // A world is world_size workers, each with a unique name and rank. Every worker starts an
-// [Agent] with the same init method; rank 0 serves a small rendezvous [Store], every agent
+// [Agent] with the same init method; rank 0 serves a small rendezvous store, every agent
 // listens on a port the OS picks and publishes its address there, and [Start] returns once all
 // workers know each other. Agents then call each other's registered [Handler]s by method name:
 // [Agent.Call] blocks, [Agent.CallAsync] returns a [CallFuture]. Deadlines come from the
 // caller's context.Context and travel with the request.
 //
-// On the wire, each (caller, callee) pair shares one long-lived bidirectional gRPC stream that
-// carries msgpack-encoded [wire.Frame]s multiplexed by call id, so a call costs no connection or
-// HTTP/2 stream set-up. When that stream breaks, every call waiting on the peer fails at once
-// with an error naming the peer.
+// The agent is built from parts in packages of their own, each behind an interface with a
+// small in-memory twin that tests use:
+//
+//   - wire: the Frame every transport carries and its msgpack encoding;
+//   - transport: the Transport and Stream interfaces, and transport.InmemNetwork;
+//   - transport/grpctransport: the transport of real worlds, one long-lived bidirectional
+//     gRPC stream per (caller, callee) pair carrying frames multiplexed by call id;
+//   - rendezvous: the Store interface, rendezvous.MemStore (served by rank 0 over gRPC) and
+//     rendezvous.FileStore.
+//
+// In this package: the agent's API and configuration (agent.go), the call path (call.go,
+// peer.go, future.go), the callee's loop (serve.go, handler.go), the stream writer and the
+// reassembly of big messages under a receive budget (writer.go, reassembly.go,
+// receive_budget.go), RRef reference counting (rref.go), who a peer may be (identity.go), and
+// shutdown and liveness (shutdown.go).
 //
 // The package has no cgo and no Python: Go programs use it directly, and the Python binding
-// (package pybind) is a thin layer on top of it. Transport and Store are interfaces with small
-// in-memory implementations ([InmemNetwork], [MemStore]) that tests use.
+// (package pybind) is a thin layer on top of it.
 package core

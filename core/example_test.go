@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
 
@@ -83,7 +84,7 @@ func ExampleAgent_CallAsync() {
 
 // startPair starts a two-worker world on an in-memory network.
 func startPair(handlers map[string]core.Handler) ([]*core.Agent, error) {
-	store, network := core.NewMemStore(), transport.NewInmemNetwork()
+	store, network := rendezvous.NewMemStore(), transport.NewInmemNetwork()
 	agents := make([]*core.Agent, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup

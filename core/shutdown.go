@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 )
 
 // closing reports whether shutdown has begun closing the agent.
@@ -44,17 +46,17 @@ func (a *Agent) drain(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
 	}
-	if mem, ok := a.store.(*MemStore); ok {
+	if marker, ok := a.store.(rendezvous.GoneMarker); ok {
 		// This worker hosts the store: while the barrier waits, it looks for workers that are
 		// gone, so the others do not wait for them forever.
-		stop := a.watchForGone(mem, shutdownRound)
+		stop := a.watchForGone(marker, shutdownRound)
 		defer stop()
 	}
-	values, err := a.store.Gather(ctx, GatherRequest{
+	values, err := a.store.Gather(ctx, rendezvous.GatherRequest{
 		Round: shutdownRound, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
 		Value: []byte{1}, WaitMs: wait.Milliseconds(), FailFast: true,
 	})
-	if errors.Is(err, ErrPeerLost) {
+	if errors.Is(err, rendezvous.ErrStoreGone) {
 		a.noteGone(0, "it hosted the rendezvous store; leaving without the shutdown barrier")
 		return nil
 	}
@@ -76,7 +78,7 @@ const (
 )
 
 // watchForGone marks workers whose agents no longer answer as gone in round, until stopped.
-func (a *Agent) watchForGone(store *MemStore, round string) (stop func()) {
+func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		tick := time.NewTicker(goneProbeEvery)
@@ -164,8 +166,8 @@ func (a *Agent) close() {
 	if a.storeServer != nil {
 		a.storeServer.Close()
 	}
-	if a.leaveStore != nil && a.workers != nil {
-		if err := a.leaveStore(); err != nil {
+	if leaver, ok := a.store.(rendezvous.Leaver); ok && a.workers != nil {
+		if err := leaver.Leave(a.self.ID, len(a.workers)); err != nil {
 			a.log.Warn("tensorplay-rpc: leaving the store", "err", err)
 		}
 	}

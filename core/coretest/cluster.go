@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
 
@@ -54,13 +55,13 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 		opts.InitTimeout = 10 * time.Second
 	}
 	cfgs := make([]core.Config, n)
-	var store core.Store
+	var store rendezvous.Store
 	var network *transport.InmemNetwork
 	init := ""
 	if opts.GRPC {
 		init = fmt.Sprintf("tcp://127.0.0.1:%d", FreePort(t))
 	} else {
-		store, network = core.NewMemStore(), transport.NewInmemNetwork()
+		store, network = rendezvous.NewMemStore(), transport.NewInmemNetwork()
 	}
 	for i := range cfgs {
 		cfgs[i] = core.Config{

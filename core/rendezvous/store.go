@@ -1,7 +1,12 @@
-package core
+// Package rendezvous is how the workers of a world find each other: a Store where each
+// publishes its record and waits for everyone's (a gather round), also used for the shutdown
+// barrier. Rank 0 serves a MemStore over gRPC (ServeStore, DialStore); FileStore is a file
+// every worker opens, for worlds on one machine.
+package rendezvous
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -17,6 +22,22 @@ type Store interface {
 	// Close releases the store; a hosting store stops serving.
 	Close() error
 }
+
+// GoneMarker is implemented by stores that can count a participant as present, with no value,
+// because its worker is gone: the host of a MemStore marks workers that stopped answering,
+// so a barrier does not wait for them.
+type GoneMarker interface {
+	MarkGone(round string, rank int)
+}
+
+// Leaver is implemented by stores that must hear a worker leave the world (a FileStore's last
+// worker removes its file).
+type Leaver interface {
+	Leave(rank, worldSize int) error
+}
+
+// ErrStoreGone: a round that had to fail fast found the store unreachable.
+var ErrStoreGone = errors.New("rendezvous store is gone")
 
 // GatherRequest is one participant's contribution to a round.
 type GatherRequest struct {

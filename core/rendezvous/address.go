@@ -1,13 +1,9 @@
-package core
+package rendezvous
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/url"
-	"time"
-
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // StoreAddress returns the "host:port" of the rendezvous store named by an init method:
@@ -46,40 +42,13 @@ func checkHostPort(hostport, from string) (string, error) {
 	return hostport, nil
 }
 
-// hostToward returns the local IP address this machine uses to reach addr, so a worker
+// HostToward returns the local IP address this machine uses to reach addr, so a worker
 // listens on, and advertises, the interface its peers can reach.
-func hostToward(addr string) (string, error) {
+func HostToward(addr string) (string, error) {
 	c, err := net.Dial("udp", addr)
 	if err != nil {
 		return "", fmt.Errorf("find the local address toward %s: %w", addr, err)
 	}
 	defer c.Close()
 	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
-}
-
-// join publishes self in the store and returns every worker of the world, indexed by id.
-func join(ctx context.Context, store Store, self WorkerInfo, worldSize int, wait time.Duration) ([]WorkerInfo, error) {
-	value, err := msgpack.Marshal(&self)
-	if err != nil {
-		return nil, err
-	}
-	values, err := store.Gather(ctx, GatherRequest{
-		Round: "join", Rank: self.ID, Size: worldSize, Who: fmt.Sprintf("%q", self.Name), Value: value, WaitMs: wait.Milliseconds(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRendezvous, err)
-	}
-	workers := make([]WorkerInfo, worldSize)
-	byName := map[string]int{}
-	for rank, v := range values {
-		if err := msgpack.Unmarshal(v, &workers[rank]); err != nil {
-			return nil, fmt.Errorf("%w: rank %d sent a bad worker record: %w", ErrRendezvous, rank, err)
-		}
-		w := workers[rank]
-		if other, dup := byName[w.Name]; dup {
-			return nil, fmt.Errorf("%w: duplicate worker name %q (ranks %d and %d)", ErrRendezvous, w.Name, other, rank)
-		}
-		byName[w.Name] = rank
-	}
-	return workers, nil
 }

@@ -1,4 +1,4 @@
-package core
+package rendezvous
 
 import (
 	"bytes"
@@ -151,8 +151,8 @@ func (s *FileStore) read() ([]fileRecord, error) {
 	}
 }
 
-// leave records that rank closed the store; the last of size workers removes the file.
-func (s *FileStore) leave(rank, size int) error {
+// Leave records that rank closed the store; the last of size workers removes the file.
+func (s *FileStore) Leave(rank, size int) error {
 	if err := s.append(fileRecord{Round: leaveRound, Rank: rank, Size: size}); err != nil {
 		return err
 	}

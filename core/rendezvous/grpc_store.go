@@ -1,4 +1,4 @@
-package core
+package rendezvous
 
 import (
 	"context"
@@ -18,8 +18,8 @@ const (
 	storeGatherPath = "/" + storeService + "/Gather"
 	// storeGrace is how long a closing store keeps answering rounds already under way.
 	storeGrace = 3 * time.Second
-	// storeReplySlack is how much longer a client waits than it asks the store to.
-	storeReplySlack = 2 * time.Second
+	// ReplySlack is how much longer a client waits than it asks the store to.
+	ReplySlack = 2 * time.Second
 )
 
 type gatherReply struct {
@@ -106,7 +106,7 @@ func DialStore(addr, token string, tlsFiles *secure.TLSFiles) (*RemoteStore, err
 func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, error) {
 	if d := req.wait(); d > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d+storeReplySlack)
+		ctx, cancel = context.WithTimeout(ctx, d+ReplySlack)
 		defer cancel()
 	}
 	var reply gatherReply
@@ -117,11 +117,11 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 	st := status.Convert(err)
 	switch {
 	case st.Code() == codes.Unauthenticated:
-		return nil, fmt.Errorf("%w: the rendezvous store at %s refused this worker: %s", ErrRendezvous, s.addr, st.Message())
+		return nil, fmt.Errorf("the rendezvous store at %s refused this worker: %s", s.addr, st.Message())
 	case st.Code() == codes.FailedPrecondition:
 		return nil, errors.New(st.Message())
 	case req.FailFast && st.Code() == codes.Unavailable:
-		return nil, fmt.Errorf("%w: round %q: the rendezvous store at %s is gone: %s", ErrPeerLost, req.Round, s.addr, st.Message())
+		return nil, fmt.Errorf("%w: round %q: the rendezvous store at %s: %s", ErrStoreGone, req.Round, s.addr, st.Message())
 	case st.Code() == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
 		return nil, fmt.Errorf("round %q: could not reach the rendezvous store at %s in time (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): %s", req.Round, s.addr, st.Message())
 	default:

@@ -129,6 +129,10 @@ func (a *Agent) Lent() int {
 // Name is this worker's name.
 func (a *Agent) Name() string { return a.agent.Self().Name }
 
+// Addr is the address this worker listens on for its peers' streams ("host:port"). Tests
+// point crafted clients at it; the rendezvous table is where peers learn it.
+func (a *Agent) Addr() string { return a.agent.Self().Addr }
+
 // ID is this worker's rank.
 func (a *Agent) ID() int { return a.agent.Self().ID }
 

@@ -163,6 +163,11 @@ class PythonAgent:
         """The worker called ``name``, or None."""
         return self._by_name.get(name)
 
+    @property
+    def address(self) -> str:
+        """The "host:port" this worker listens on for its peers (private: for tests)."""
+        return self.native.Addr()
+
     # -- outgoing calls -------------------------------------------------------------------
 
     def call(self, dest: WorkerInfo, message: Any, timeout: float, notify: bool = True) -> Future:

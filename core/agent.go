@@ -167,7 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.log == nil {
 		a.log = slog.Default()
 	}
-	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, DefaultReceiveBudget(a.maxMessageSize)))
+	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, DefaultReceiveBudget(a.maxMessageSize)), a.log)
 	if a.transport == nil {
 		t, err := grpctransport.New(cfg.Token, cfg.TLS)
 		if err != nil {

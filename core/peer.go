@@ -135,7 +135,7 @@ func (c *peerConn) readLoop() {
 			reportPanic(a.log, name, "reading replies", r, c.fail)
 		}
 	}()
-	incoming := newReassembler(c.ctx, a.maxMessageSize, a.receiveBudget)
+	incoming := newReassembler(c.ctx, a.maxMessageSize, a.receiveBudget, name)
 	incoming.attach(c.stream)
 	defer incoming.close()
 	for {

@@ -31,6 +31,7 @@ type reassembler struct {
 	maxSize  int64
 	budget   *receiveBudget
 	ctx      context.Context // waits for budget end with it
+	peer     string          // who sends on this stream, for logs
 	messages map[uint64]*inMessage
 	// inProgress is the bytes announced by the messages being received on this stream.
 	inProgress int64
@@ -42,12 +43,12 @@ type inMessage struct {
 	total    int64
 	buf      []byte // allocated at the first chunk; stays nil for a refused message
 	received int64
-	refused  bool  // over a limit: its chunks are read and dropped
-	reserved int64 // bytes held in the receive budget
+	refused  bool         // over a limit: its chunks are read and dropped
+	res      *reservation // its memory in the receive budget
 }
 
-func newReassembler(ctx context.Context, maxSize int64, budget *receiveBudget) *reassembler {
-	return &reassembler{maxSize: maxSize, budget: budget, ctx: ctx, messages: map[uint64]*inMessage{}}
+func newReassembler(ctx context.Context, maxSize int64, budget *receiveBudget, peer string) *reassembler {
+	return &reassembler{maxSize: maxSize, budget: budget, ctx: ctx, peer: peer, messages: map[uint64]*inMessage{}}
 }
 
 // errProtocol marks frames no honest peer sends; the stream that carried them is dropped.
@@ -103,15 +104,17 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 		refused = fmt.Errorf("%w: it carries %d bytes, over this worker's %d-byte limit", ErrTooLarge, total, r.maxSize)
 	case total > r.budget.limit:
 		refused = fmt.Errorf("%w: it carries %d bytes, more than this worker's %d-byte receive budget", ErrTooLarge, total, r.budget.limit)
-	case r.inProgress > 0 && r.budget.tryReserve(total, interleaveWindow):
-		// A message sent in turns with one under way must not wait for that one's memory:
-		// it may take a window's worth over the budget.
-		m.reserved = total
 	default:
-		if err := r.budget.reserve(r.ctx, total); err != nil {
-			return nil, Message{}, nil, err
+		if r.inProgress > 0 {
+			// A message sent in turns with one under way must not wait for that one's memory:
+			// it may take a window's worth over the budget.
+			m.res = r.budget.tryReserve(total, interleaveWindow, r.peer)
 		}
-		m.reserved = total
+		if m.res == nil {
+			if m.res, err = r.budget.reserve(r.ctx, total, r.peer); err != nil {
+				return nil, Message{}, nil, err
+			}
+		}
 	}
 	m.refused = refused != nil
 	r.messages[f.ID] = m
@@ -135,6 +138,9 @@ func (r *reassembler) place(id uint64, offset int64, n int) (*inMessage, error) 
 	}
 	if offset < 0 || n < 0 || offset > m.total || int64(n) > m.total-offset || int64(n) > m.total-m.received {
 		return nil, fmt.Errorf("%w: chunk of message %d at %d+%d lies outside its %d bytes", errProtocol, id, offset, n, m.total)
+	}
+	if m.res != nil && m.res.evicted.Load() {
+		return nil, fmt.Errorf("%w: message %d stalled while holding receive budget others needed", errProtocol, id)
 	}
 	if !m.refused && m.buf == nil {
 		m.buf = pool.Get(int(m.total))
@@ -177,6 +183,9 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 		}
 	}
 	m.received += int64(n)
+	if m.res != nil {
+		m.res.touch()
+	}
 	if m.received < m.total {
 		return nil, Message{}, nil
 	}
@@ -189,7 +198,7 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
 	delete(r.messages, id)
 	r.inProgress -= m.total
-	r.budget.free(m.reserved)
+	r.budget.free(m.res)
 	if m.refused {
 		return nil, Message{}
 	}
@@ -226,7 +235,7 @@ func releaseOnce(buf []byte) func() {
 func (r *reassembler) drop(id uint64, m *inMessage) {
 	delete(r.messages, id)
 	r.inProgress -= m.total
-	r.budget.free(m.reserved)
+	r.budget.free(m.res)
 	if m.buf != nil {
 		pool.Put(m.buf)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"testing"
 	"time"
@@ -72,8 +73,8 @@ func FuzzReassembly(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		budget := newReceiveBudget(1 << 20)
-		r := newReassembler(ctx, 1<<20, budget)
+		budget := newReceiveBudget(1<<20, slog.Default())
+		r := newReassembler(ctx, 1<<20, budget, "peer")
 		dec := msgpack.NewDecoder(bytes.NewReader(data))
 		for i := 0; i < 1000; i++ {
 			fr := &wire.Frame{Sink: r.dest}

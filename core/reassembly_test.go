@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -50,8 +51,8 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := newReceiveBudget(budget)
-			r := newReassembler(context.Background(), limit, b)
+			b := newReceiveBudget(budget, slog.Default())
+			r := newReassembler(context.Background(), limit, b, "peer")
 			var refused, err error
 			for _, f := range tt.frames {
 				if _, _, refused, err = r.add(f); err != nil {
@@ -80,7 +81,7 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 // TestDestChecksOffsetsWithoutOverflow: the decoder asks where a chunk goes before reading it;
 // offsets and lengths that overflow must not slice.
 func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
-	r := newReassembler(context.Background(), 1<<20, newReceiveBudget(1<<20))
+	r := newReassembler(context.Background(), 1<<20, newReceiveBudget(1<<20, slog.Default()), "peer")
 	if _, _, _, err := r.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{100}}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
 // pool twice, or two later messages would share it.
 func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 	const size = 3 << 20 // a size class no other test of this package uses
-	r := newReassembler(context.Background(), 1<<30, newReceiveBudget(1<<30))
+	r := newReassembler(context.Background(), 1<<30, newReceiveBudget(1<<30, slog.Default()), "peer")
 	r.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{size}})
 	_, msg, _, err := r.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, size)})
 	if err != nil || !msg.Pooled() {
@@ -118,34 +119,73 @@ func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 // TestReceiveBudgetWaitsForRoom: a reservation that does not fit waits until memory is
 // returned, or until its context ends; one bigger than the whole budget fails at once.
 func TestReceiveBudgetWaitsForRoom(t *testing.T) {
-	b := newReceiveBudget(100)
-	if err := b.reserve(context.Background(), 80); err != nil {
+	b := newReceiveBudget(100, slog.Default())
+	b.idleLimit = time.Hour // this test is not about stalled holders
+	first, err := b.reserve(context.Background(), 80, "first")
+	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() { got <- b.reserve(context.Background(), 50) }()
+	type result struct {
+		r   *reservation
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		r, err := b.reserve(context.Background(), 50, "second")
+		got <- result{r, err}
+	}()
 	select {
-	case err := <-got:
-		t.Fatalf("a reservation over the budget did not wait: %v", err)
+	case res := <-got:
+		t.Fatalf("a reservation over the budget did not wait: %v", res.err)
 	case <-time.After(50 * time.Millisecond): // a negative check: it must still be waiting
 	}
-	b.free(80)
+	b.free(first)
 	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
+	case res := <-got:
+		if res.err != nil {
+			t.Fatal(res.err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reservation was not woken when memory came back")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { got <- b.reserve(ctx, 60) }()
+	go func() {
+		r, err := b.reserve(ctx, 60, "third")
+		got <- result{r, err}
+	}()
 	cancel()
-	if err := <-got; !errors.Is(err, context.Canceled) {
-		t.Fatalf("err = %v, want the wait to end with its context", err)
+	if res := <-got; !errors.Is(res.err, context.Canceled) {
+		t.Fatalf("err = %v, want the wait to end with its context", res.err)
 	}
-	if err := b.reserve(context.Background(), 101); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
+	if _, err := b.reserve(context.Background(), 101, "huge"); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
 		t.Fatalf("err = %v, want ErrTooLarge naming the budget", err)
+	}
+}
+
+// TestStalledMessagesLoseTheirBudget: a message that holds budget and receives no chunk for
+// the idle limit while another waits loses its memory (and its stream is dropped at its next
+// frame), so a peer that announces big messages and sends nothing cannot starve the others.
+func TestStalledMessagesLoseTheirBudget(t *testing.T) {
+	b := newReceiveBudget(1<<20, slog.Default())
+	b.idleLimit = 100 * time.Millisecond
+	hog := newReassembler(context.Background(), 1<<20, b, "hog")
+	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	honest := newReassembler(context.Background(), 1<<20, b, "honest")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	honest.ctx = ctx
+	if _, _, _, err := honest.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 19}}); err != nil {
+		t.Fatalf("the honest message never got the budget the stalled one held: %v", err)
+	}
+	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: []byte{1}}); !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), "stalled") {
+		t.Fatalf("the stalled stream's next chunk: err = %v, want it dropped", err)
+	}
+	hog.close()
+	honest.close()
+	if used := b.inUse(); used != 0 {
+		t.Fatalf("%d bytes still reserved", used)
 	}
 }
 

@@ -66,7 +66,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 		}
 		return out.sent
 	}
-	incoming := newReassembler(ctx, a.maxMessageSize, a.receiveBudget)
+	incoming := newReassembler(ctx, a.maxMessageSize, a.receiveBudget, caller.Name)
 	incoming.attach(s)
 	defer incoming.close()
 	for {

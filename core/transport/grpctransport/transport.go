@@ -150,12 +150,19 @@ func (t *Transport) Close() error {
 	return nil
 }
 
+// Both ends of a stream decode chunks in place and say who opened them.
+var (
+	_ transport.SinkSetter       = (*grpcServerStream)(nil)
+	_ transport.SinkSetter       = (*grpcClientStream)(nil)
+	_ transport.IdentifiedStream = (*grpcServerStream)(nil)
+)
+
 type grpcServerStream struct {
 	ss   grpc.ServerStream
 	sink wire.ChunkSink
 }
 
-func (s *grpcServerStream) setChunkSink(sink wire.ChunkSink) { s.sink = sink }
+func (s *grpcServerStream) SetChunkSink(sink wire.ChunkSink) { s.sink = sink }
 
 // Identity implements transport.IdentifiedStream: the peer's address and its certificate's names.
 func (s *grpcServerStream) Identity() transport.PeerIdentity {
@@ -194,7 +201,7 @@ type grpcClientStream struct {
 	sink   wire.ChunkSink
 }
 
-func (s *grpcClientStream) setChunkSink(sink wire.ChunkSink) { s.sink = sink }
+func (s *grpcClientStream) SetChunkSink(sink wire.ChunkSink) { s.sink = sink }
 func (s *grpcClientStream) Send(f *wire.Frame) error         { return s.cs.SendMsg(f) }
 func (s *grpcClientStream) Recv() (*wire.Frame, error) {
 	f := &wire.Frame{Sink: s.sink}

@@ -77,12 +77,12 @@ vet: deps
 	@test -z "$$(gofmt -l core pybind tools)" || { echo "gofmt needed:"; gofmt -l core pybind tools; exit 1; }
 
 # Every fuzz target (name:package) in turn: go test fuzzes one at a time.
-FUZZ_TARGETS := FuzzFrameDecode:./core/wire FuzzReassembly:./core
+FUZZ_TARGETS := FuzzFrameDecode:./core/wire FuzzReassembly:./core FuzzStoreRequest:./core/rendezvous
 
 test-go: deps
 	go test -race -count=1 -timeout 15m ./...
 	@for t in $(FUZZ_TARGETS); do \
-		go test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) "$${t#*:}" || exit 1; \
+		go test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s "$${t#*:}" || exit 1; \
 	done
 
 # The soak runs 20 s in `make test`, 10 minutes here.

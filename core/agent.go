@@ -235,7 +235,7 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 		return "", err
 	}
 	if cfg.Rank == 0 {
-		mem := rendezvous.NewMemStore()
+		mem := rendezvous.NewMemStore(cfg.WorldSize)
 		if a.storeServer, err = rendezvous.ServeStore(addr, mem, cfg.Token, cfg.TLS); err != nil {
 			return "", fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
 		}

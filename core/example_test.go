@@ -84,7 +84,7 @@ func ExampleAgent_CallAsync() {
 
 // startPair starts a two-worker world on an in-memory network.
 func startPair(handlers map[string]core.Handler) ([]*core.Agent, error) {
-	store, network := rendezvous.NewMemStore(), transport.NewInmemNetwork()
+	store, network := rendezvous.NewMemStore(2), transport.NewInmemNetwork()
 	agents := make([]*core.Agent, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup

@@ -16,7 +16,7 @@ func join(ctx context.Context, store rendezvous.Store, self WorkerInfo, worldSiz
 		return nil, err
 	}
 	values, err := store.Gather(ctx, rendezvous.GatherRequest{
-		Round: "join", Rank: self.ID, Size: worldSize, Who: fmt.Sprintf("%q", self.Name), Value: value, WaitMs: wait.Milliseconds(),
+		Round: rendezvous.JoinRound, Rank: self.ID, Size: worldSize, Who: fmt.Sprintf("%q", self.Name), Value: value, WaitMs: wait.Milliseconds(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrRendezvous, err)

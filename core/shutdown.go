@@ -49,11 +49,11 @@ func (a *Agent) drain(ctx context.Context) error {
 	if marker, ok := a.store.(rendezvous.GoneMarker); ok {
 		// This worker hosts the store: while the barrier waits, it looks for workers that are
 		// gone, so the others do not wait for them forever.
-		stop := a.watchForGone(marker, shutdownRound)
+		stop := a.watchForGone(marker, rendezvous.ShutdownRound)
 		defer stop()
 	}
 	values, err := a.store.Gather(ctx, rendezvous.GatherRequest{
-		Round: shutdownRound, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
+		Round: rendezvous.ShutdownRound, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
 		Value: []byte{1}, WaitMs: wait.Milliseconds(), FailFast: true,
 	})
 	if errors.Is(err, rendezvous.ErrStoreGone) {
@@ -72,7 +72,6 @@ func (a *Agent) drain(ctx context.Context) error {
 }
 
 const (
-	shutdownRound = "shutdown"
 	// goneProbeEvery is how often the store's host looks for gone workers during a barrier.
 	goneProbeEvery = 300 * time.Millisecond
 )

@@ -61,7 +61,7 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 	if opts.GRPC {
 		init = fmt.Sprintf("tcp://127.0.0.1:%d", FreePort(t))
 	} else {
-		store, network = rendezvous.NewMemStore(), transport.NewInmemNetwork()
+		store, network = rendezvous.NewMemStore(n), transport.NewInmemNetwork()
 	}
 	for i := range cfgs {
 		cfgs[i] = core.Config{

@@ -37,7 +37,10 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLS
 	if err != nil {
 		return nil, fmt.Errorf("serve the rendezvous store on %s: %w", addr, err)
 	}
-	srv := grpc.NewServer(sec.ServerOptions()...)
+	sec.WarnIfOpen("rendezvous store", lis.Addr().(*net.TCPAddr).IP.String(), "join this world's rounds as any rank, or spoil them")
+	// A request is a few small fields and one value of at most maxStoreValueBytes: refusing
+	// bigger ones at gRPC spares decoding megabytes only to refuse them.
+	srv := grpc.NewServer(append(sec.ServerOptions(), grpc.MaxRecvMsgSize(maxStoreRequestBytes))...)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: storeService,
 		HandlerType: (*any)(nil),

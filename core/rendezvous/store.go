@@ -8,8 +8,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The rounds a world's agents hold: every worker publishes itself in JoinRound, and graceful
+// shutdown is a barrier in ShutdownRound.
+const (
+	JoinRound     = "join"
+	ShutdownRound = "shutdown"
 )
 
 // Store is the rendezvous service of a world: rank 0 hosts it, every agent uses it to join the
@@ -53,6 +63,68 @@ type GatherRequest struct {
 	FailFast bool `msgpack:"-"`
 }
 
+// DecodeMsgpack reads what the default encoder writes for a GatherRequest (a map keyed by the
+// msgpack tags), but never allocates by a length the data merely claims: msgpack's own
+// decoder makes a []byte as long as its header says, so a request of a dozen bytes claiming a
+// 2 GiB value cost the store's host 2 GiB. No field of a real request comes near
+// maxStoreRequestBytes, which is also the most the store's gRPC server accepts; a field it
+// does not know is refused.
+func (r *GatherRequest) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		key, err := decodeStoreBytes(dec)
+		if err != nil {
+			return fmt.Errorf("store request: a key: %w", err)
+		}
+		switch string(key) {
+		case "round":
+			r.Round, err = decodeStoreString(dec)
+		case "rank":
+			r.Rank, err = dec.DecodeInt()
+		case "size":
+			r.Size, err = dec.DecodeInt()
+		case "who":
+			r.Who, err = decodeStoreString(dec)
+		case "value":
+			r.Value, err = decodeStoreBytes(dec)
+		case "wait_ms":
+			r.WaitMs, err = dec.DecodeInt64()
+		default:
+			// Every worker of a world runs the same version, so an unknown field is hostile;
+			// skipping it would let msgpack read a claimed length in 1 MiB steps.
+			err = errors.New("not a field of a store request")
+		}
+		if err != nil {
+			return fmt.Errorf("store request: field %s: %w", clip(string(key)), err)
+		}
+	}
+	return nil
+}
+
+// decodeStoreBytes reads a string or byte string of at most maxStoreRequestBytes.
+func decodeStoreBytes(dec *msgpack.Decoder) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	if n > maxStoreRequestBytes {
+		return nil, fmt.Errorf("it claims %d bytes, more than a whole store request may hold (%d)", n, maxStoreRequestBytes)
+	}
+	b := make([]byte, n)
+	if err := dec.ReadFull(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func decodeStoreString(dec *msgpack.Decoder) (string, error) {
+	b, err := decodeStoreBytes(dec)
+	return string(b), err
+}
+
 func (r GatherRequest) validate() error {
 	if r.Size <= 0 {
 		return fmt.Errorf("round %q: world size must be positive, got %d", r.Round, r.Size)
@@ -64,8 +136,11 @@ func (r GatherRequest) validate() error {
 }
 
 func (r GatherRequest) wait() time.Duration {
-	if r.WaitMs <= 0 {
+	switch {
+	case r.WaitMs <= 0:
 		return 0
+	case r.WaitMs > math.MaxInt64/int64(time.Millisecond):
+		return math.MaxInt64 // a wait beyond int64 nanoseconds must not wrap to a short one
 	}
 	return time.Duration(r.WaitMs) * time.Millisecond
 }

@@ -52,19 +52,22 @@ func New(token string, files *TLSFiles) (World, error) {
 func (sec World) HasToken() bool { return sec.token != "" }
 
 // WarnIfOpen warns, once per kind of server (what), when one listens on host, an address other
-// than loopback, without a token: anyone who reaches it can make the process unpickle, and so
-// run, anything.
-func (sec World) WarnIfOpen(what, host string) {
+// than loopback, without a token, saying what anyone who reaches it can do (risk).
+func (sec World) WarnIfOpen(what, host, risk string) {
 	if sec.token != "" || net.ParseIP(host).IsLoopback() {
 		return
 	}
 	once, _ := openWarnings.LoadOrStore(what, new(sync.Once))
 	once.(*sync.Once).Do(func() {
-		slog.Warn("tensorplay-rpc: the " + what + " listens on " + host + " without a token: anyone who can reach this port can make this process unpickle, and so run, anything. Set TENSORPLAY_RPC_TOKEN on every worker.")
+		slog.Warn("tensorplay-rpc: the " + what + " listens on " + host + " without a token: anyone who can reach this port can " + risk + ". Set TENSORPLAY_RPC_TOKEN on every worker.")
 	})
 }
 
 var openWarnings sync.Map // what → *sync.Once
+
+// ForgetWarnings lets the next WarnIfOpen of every kind warn again; tests of packages that
+// serve use it.
+func ForgetWarnings() { openWarnings.Clear() }
 
 // tokenCredentials attaches the world's token to every call.
 type tokenCredentials string

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -47,7 +46,7 @@ func TestWarnsOnceWithoutATokenOffLoopback(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			openWarnings = sync.Map{}
+			ForgetWarnings()
 			var logged bytes.Buffer
 			previous := slog.Default()
 			slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
@@ -57,7 +56,7 @@ func TestWarnsOnceWithoutATokenOffLoopback(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, what := range []string{"worker", "worker", "rendezvous store"} {
-				sec.WarnIfOpen(what, tt.host)
+				sec.WarnIfOpen(what, tt.host, "do harm")
 			}
 			// Once for the workers' port and once for the store's.
 			if n := strings.Count(logged.String(), "without a token"); n != 2*tt.warnings {

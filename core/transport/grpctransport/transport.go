@@ -57,7 +57,7 @@ func (t *Transport) Listen(host string, serve func(transport.Stream)) (string, e
 	if err != nil {
 		return "", fmt.Errorf("listen on %s: %w", host, err)
 	}
-	t.sec.WarnIfOpen("worker", host)
+	t.sec.WarnIfOpen("worker", host, "make this worker unpickle, and so run, anything")
 	srv := grpc.NewServer(t.sec.ServerOptions()...)
 	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
 		t.localIP = ip

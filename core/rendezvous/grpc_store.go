@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"runtime/debug"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
@@ -46,7 +48,15 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLS
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{{
 			MethodName: "Gather",
-			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (_ any, err error) {
+				// gRPC does not recover handlers' panics, and one here would end rank 0's process,
+				// its worker with it.
+				defer func() {
+					if r := recover(); r != nil {
+						slog.Error("tensorplay-rpc: recovered from a panic in the rendezvous store", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+						err = status.Error(codes.Internal, "the rendezvous store failed on this request")
+					}
+				}()
 				var req GatherRequest
 				if err := dec(&req); err != nil {
 					return nil, err

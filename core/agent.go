@@ -62,7 +62,8 @@ type Config struct {
 	// interleaved with other traffic; 0 means DefaultChunkSize. At most 8 MiB.
 	ChunkSize int
 	// ReceiveBudget bounds the memory of big messages being received at once, from all peers
-	// together; 0 means DefaultReceiveBudget. A message that does not fit waits, and its
+	// together; 0 means the environment variable TENSORPLAY_RPC_RECEIVE_BUDGET (bytes) if set,
+	// else DefaultReceiveBudget. A message that does not fit waits, and its
 	// sender is slowed by flow control; one bigger than the whole budget fails its call.
 	ReceiveBudget int64
 	// MaxServedPerCaller bounds the calls of one caller being served at once; 0 means
@@ -167,7 +168,11 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.log == nil {
 		a.log = slog.Default()
 	}
-	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, DefaultReceiveBudget(a.maxMessageSize)), a.log)
+	budget, err := receiveBudgetFromEnv(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, budget, DefaultReceiveBudget(a.maxMessageSize)), a.log)
 	if a.transport == nil {
 		t, err := grpctransport.New(cfg.Token, cfg.TLS)
 		if err != nil {

@@ -223,3 +223,36 @@ func TestBigMessagesWaitForTheReceiveBudget(t *testing.T) {
 		t.Fatalf("%d bytes still reserved with nothing being received", inUse)
 	}
 }
+
+func TestReceiveBudgetFromTheEnvironment(t *testing.T) {
+	tests := []struct {
+		value   string
+		want    int64
+		wantErr string
+	}{
+		{value: "", want: 0},
+		{value: "1048576", want: 1 << 20},
+		{value: "-5", wantErr: "positive number of bytes"},
+		{value: "2GiB", wantErr: `TENSORPLAY_RPC_RECEIVE_BUDGET="2GiB"`},
+	}
+	for _, tt := range tests {
+		t.Setenv("TENSORPLAY_RPC_RECEIVE_BUDGET", tt.value)
+		cfg := coretest.Configs(t, 1, coretest.Options{})[0]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		a, err := core.Start(ctx, cfg)
+		cancel()
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%q: err = %v, want it to say %q", tt.value, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", tt.value, err)
+		}
+		if _, budget := a.ReceiveMemory(); tt.want != 0 && budget != tt.want {
+			t.Errorf("%q: budget %d, want %d", tt.value, budget, tt.want)
+		}
+		a.Shutdown(context.Background(), false)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +21,23 @@ func DefaultReceiveBudget(maxMessageSize int64) int64 {
 		budget = int64(info.Totalram) * int64(info.Unit) / 4
 	}
 	return max(budget, maxMessageSize)
+}
+
+// receiveBudgetEnv names the environment variable that sets the receive budget of workers
+// whose Config leaves it 0 (Python workers among them).
+const receiveBudgetEnv = "TENSORPLAY_RPC_RECEIVE_BUDGET"
+
+// receiveBudgetFromEnv reads the budget from the environment: 0 if it is not set.
+func receiveBudgetFromEnv(getenv func(string) string) (int64, error) {
+	v := getenv(receiveBudgetEnv)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive number of bytes", receiveBudgetEnv, v)
+	}
+	return n, nil
 }
 
 // idleReservationLimit is how long a message may hold receive budget without a chunk arriving

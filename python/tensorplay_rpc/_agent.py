@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from ._boundary import SegmentTable, read_segments
+from ._buffers import SegmentTable, read_segments
 from ._native import pybind as _native
 from .functions import is_async_execution
 from .futures import Future, WAIT_SLICE_S
@@ -65,11 +65,11 @@ def install_agent(agent: Optional["PythonAgent"], expected: Optional["PythonAgen
 class _PendingCall:
     """An outgoing call whose reply has not been turned into its future's result yet."""
 
-    __slots__ = ("native", "agent_native", "dest", "timeout_ms", "table", "_lock", "_settled")
+    __slots__ = ("go_call", "go_agent", "dest", "timeout_ms", "table", "_lock", "_settled")
 
-    def __init__(self, native, agent_native, dest: str, timeout_ms: int, table: Optional[SegmentTable]) -> None:
-        self.native = native
-        self.agent_native = agent_native
+    def __init__(self, go_call, go_agent, dest: str, timeout_ms: int, table: Optional[SegmentTable]) -> None:
+        self.go_call = go_call
+        self.go_agent = go_agent
         self.dest = dest
         self.timeout_ms = timeout_ms
         # A big request is sent from its buffers in place: they live until the call is done.
@@ -79,7 +79,7 @@ class _PendingCall:
 
     def wait_slice(self, seconds: float) -> bool:
         """Wait at most ``seconds`` for the reply; report whether it came."""
-        return self.native.Wait(int(seconds * 1000))
+        return self.go_call.Wait(int(seconds * 1000))
 
     def settle(self, fut: Future) -> None:
         """Complete ``fut`` from the reply; only the first caller does the work."""
@@ -98,22 +98,22 @@ class _PendingCall:
         fut._complete(value, exc)
 
     def _outcome(self):
-        status = self.native.Status()
+        status = self.go_call.Status()
         if status == _native.StatusOK:
-            payload, buffers = read_segments(self.native.Result(), self.agent_native)
+            payload, buffers = read_segments(self.go_call.Result(), self.go_agent)
             return deserialize(payload, buffers), None
         if status == _native.StatusRemoteError:
-            payload, _ = read_segments(self.native.Result(), self.agent_native)
+            payload, _ = read_segments(self.go_call.Result(), self.go_agent)
             try:
                 return None, RemoteException.decode(payload).to_exception()
             except Exception:
-                return None, RuntimeError(f"On worker {self.dest}: {self.native.ErrorMessage()}")
+                return None, RuntimeError(f"On worker {self.dest}: {self.go_call.ErrorMessage()}")
         if status == _native.StatusTimeout:
             return None, RuntimeError(
                 f"RPC ran for more than set timeout ({self.timeout_ms} ms) and will now be marked "
                 f"with an error: the call to worker {self.dest} timed out"
             )
-        return None, RuntimeError(self.native.ErrorMessage())
+        return None, RuntimeError(self.go_call.ErrorMessage())
 
 
 def _confirm_creation(created: Future) -> None:
@@ -124,16 +124,16 @@ def _confirm_creation(created: Future) -> None:
 class PythonAgent:
     """One worker's agent: owns the Go agent and the Python threads around it."""
 
-    def __init__(self, native, num_worker_threads: int, rpc_timeout: float) -> None:
+    def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float) -> None:
         from .rref import OwnerTable
 
-        self.native = native
+        self.go_agent = go_agent
         self.rpc_timeout = rpc_timeout
         self.owner_table = OwnerTable()
         self.running = True
-        self.info = WorkerInfo(native.Name(), native.ID())
+        self.info = WorkerInfo(go_agent.Name(), go_agent.ID())
         self.workers: List[WorkerInfo] = [
-            WorkerInfo(native.WorkerName(i), i) for i in range(native.WorldSize())
+            WorkerInfo(go_agent.WorkerName(i), i) for i in range(go_agent.WorldSize())
         ]
         self._by_name: Dict[str, WorkerInfo] = {w.name: w for w in self.workers}
         self._handlers: Dict[str, Callable[..., Any]] = {
@@ -192,7 +192,7 @@ class PythonAgent:
         table = SegmentTable(segments)
         borrowed = table.size >= _native.BorrowThreshold
         try:
-            native_call = self.native.Call(dest.id, table.address, table.count, timeout_ms, notify_id)
+            go_call = self.go_agent.Call(dest.id, table.address, table.count, timeout_ms, notify_id)
         except BaseException:
             table.release()
             if notify:
@@ -201,19 +201,19 @@ class PythonAgent:
             raise
         if not borrowed:
             table.release()
-        fut._pending_call = _PendingCall(native_call, self.native, dest.name, timeout_ms, table if borrowed else None)
+        fut._pending_call = _PendingCall(go_call, self.go_agent, dest.name, timeout_ms, table if borrowed else None)
         return fut
 
     def add_fork(self, owner: int, rref_id, fork_id, holder: int) -> None:
         """Register an RRef fork held by ``holder`` with the RRef's owner."""
-        self.native.AddFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], holder)
+        self.go_agent.AddFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], holder)
 
     def _event_loop(self) -> None:
         """Complete futures of calls made with notify, and drop values no one references."""
         while True:
-            event = self.native.NextEvent(_IDLE_WAIT_MS)
+            event = self.go_agent.NextEvent(_IDLE_WAIT_MS)
             if not event.Valid():
-                if self.native.Closed():
+                if self.go_agent.Closed():
                     with self._pending_lock:
                         if not self._pending:
                             return
@@ -232,15 +232,15 @@ class PythonAgent:
 
     def _serve_loop(self) -> None:
         while True:
-            request = self.native.NextRequest(_IDLE_WAIT_MS)
+            request = self.go_agent.NextRequest(_IDLE_WAIT_MS)
             if request.Valid():
                 self._serve(request)
-            elif self.native.Closed():
+            elif self.go_agent.Closed():
                 return
 
     def _serve(self, request) -> None:
         try:
-            payload, buffers = read_segments(request, self.native)
+            payload, buffers = read_segments(request, self.go_agent)
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
         except BaseException as exc:  # everything the user code raises goes back to the caller
@@ -318,9 +318,9 @@ class PythonAgent:
 
     def shutdown(self, graceful: bool, timeout: float) -> None:
         """Leave the world (see ``api.shutdown``); waits in slices so Ctrl-C gets through."""
-        self.native.BeginShutdown(graceful, 0 if timeout <= 0 else max(1, int(timeout * 1000)))
+        self.go_agent.BeginShutdown(graceful, 0 if timeout <= 0 else max(1, int(timeout * 1000)))
         try:
-            while not self.native.WaitShutdown(_SLICE_MS):
+            while not self.go_agent.WaitShutdown(_SLICE_MS):
                 pass
         except BaseException:
             # Ctrl-C: Go finishes closing on its own; the threads are daemons and end with it.

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
-from ._boundary import KIND_BYTES, KIND_WRITABLE
+from ._buffers import KIND_BYTES, KIND_WRITABLE
 
 PROTOCOL = 5
 

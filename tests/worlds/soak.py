@@ -27,8 +27,8 @@ def snapshot():
         pending = len(agent._pending)
     return {
         "pending_futures": pending,
-        "lent": agent.native.Lent(),
-        "goroutines": agent.native.Goroutines(),
+        "lent": agent.go_agent.Lent(),
+        "goroutines": agent.go_agent.Goroutines(),
         "threads": threading.active_count(),
         "rss_kib": _rss_kib(),
     }

@@ -121,27 +121,27 @@ def _new_bytes(size: int) -> Tuple[bytes, int]:
     return buf, _bytes_address(buf)
 
 
-def read_segments(native, agent_native) -> Tuple[BufferLike, List[BufferLike]]:
+def read_segments(go_segments, go_agent) -> Tuple[BufferLike, List[BufferLike]]:
     """Take a received message out of Go: its payload and out-of-band buffers.
 
-    ``native`` is the message (pybind Segments); ``agent_native`` is the Go agent, to hand lent
+    ``go_segments`` is the message (pybind Segments); ``go_agent`` is the Go agent, to hand lent
     memory back to.
     """
-    count = native.NumSegments()
-    sizes = [native.SegmentSize(i) for i in range(count)]
+    count = go_segments.NumSegments()
+    sizes = [go_segments.SegmentSize(i) for i in range(count)]
     if count == 1:
         payload, address = _new_bytearray(sizes[0])
         if sizes[0]:
-            native.CopySegment(0, address)
-        native.Release()
+            go_segments.CopySegment(0, address)
+        go_segments.Release()
         return payload, []
     kinds, address = _new_bytes(sizes[-1])
-    native.CopySegment(count - 1, address)
-    base = native.Lend()
+    go_segments.CopySegment(count - 1, address)
+    base = go_segments.Lend()
     if base:
         total = sum(sizes)
         region = (ctypes.c_char * total).from_address(base)
-        weakref.finalize(region, agent_native.Return, native.LendID())
+        weakref.finalize(region, go_agent.Return, go_segments.LendID())
         view = memoryview(region).cast("B")
         parts: List[BufferLike] = []
         offset = 0
@@ -154,7 +154,7 @@ def read_segments(native, agent_native) -> Tuple[BufferLike, List[BufferLike]]:
     for i, size in enumerate(sizes[:-1]):
         buf, address = _new_bytes(size) if i > 0 and kinds[i - 1] == KIND_BYTES else _new_bytearray(size)
         if size:
-            native.CopySegment(i, address)
+            go_segments.CopySegment(i, address)
         parts.append(buf)
-    native.Release()
+    go_segments.Release()
     return parts[0], parts[1:]

@@ -8,22 +8,28 @@ called from Go.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._buffers import SegmentTable, read_segments
-from ._native import pybind as _native
+from . import constants
+from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes
+from ._native import pybind as _go
+from .constants import WAIT_SLICE_S
 from .functions import is_async_execution
-from .futures import Future, WAIT_SLICE_S
+from .futures import Future
 from .internal import Deferred, RemoteException, deserialize, serialize
+from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
 
-_SLICE_MS = int(WAIT_SLICE_S * 1000)
+Id = Tuple[int, int]  # an RRef or fork id: (creator worker id, local number)
+
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
 _IDLE_WAIT_MS = 2000
@@ -32,6 +38,28 @@ _IDLE_WAIT_MS = 2000
 CALL = "call"  # (CALL, func, args, kwargs): run func, reply with its result
 REMOTE = "remote"  # (REMOTE, rref_id, func, args, kwargs): run func, keep the result as an RRef
 FETCH = "fetch"  # (FETCH, rref_id): reply with the value of an RRef this worker owns
+
+
+def _to_ms(seconds: float) -> int:
+    """A duration for Go, in whole milliseconds; 0 (no limit) for ``seconds <= 0``.
+
+    Rounded to the nearest millisecond, not truncated: truncation turns 1.001 s into 1000 ms
+    through float error, shortening the timeout asked for. At least 1, so a tiny positive
+    timeout never becomes 0, which Go reads as no limit."""
+    if seconds <= 0:
+        return 0
+    return max(1, round(seconds * 1000))
+
+
+_SLICE_MS = _to_ms(WAIT_SLICE_S)
+
+
+def _wait_on_go(wait: Callable[[int], bool]) -> None:
+    """Block until ``wait(timeout_ms)`` (a Go wait) reports done, in slices: a signal such as
+    Ctrl-C reaches Python only when the Go call returns."""
+    while not wait(_SLICE_MS):
+        pass
+
 
 _current: Optional["PythonAgent"] = None
 _current_lock = threading.Lock()
@@ -62,58 +90,88 @@ def install_agent(agent: Optional["PythonAgent"], expected: Optional["PythonAgen
         _current = agent
 
 
-class _PendingCall:
-    """An outgoing call whose reply has not been turned into its future's result yet."""
+class _CallFuture(Future):
+    """The future of an outgoing call. It holds the Go call until the reply is turned into its
+    result; :meth:`wait` collects the reply from Go itself (the rpc_sync fast path) rather
+    than waiting for the event thread to do it."""
 
-    __slots__ = ("go_call", "go_agent", "dest", "timeout_ms", "table", "_lock", "_settled")
-
-    def __init__(self, go_call, go_agent, dest: str, timeout_ms: int, table: Optional[SegmentTable]) -> None:
-        self.go_call = go_call
-        self.go_agent = go_agent
-        self.dest = dest
-        self.timeout_ms = timeout_ms
+    def __init__(self, agent: "PythonAgent", dest: str, timeout_ms: int) -> None:
+        super().__init__()
+        self._agent = agent
+        self._dest = dest
+        self._timeout_ms = timeout_ms
+        self._go_call: Any = None
         # A big request is sent from its buffers in place: they live until the call is done.
-        self.table = table
-        self._lock = threading.Lock()
-        self._settled = False
+        self._table: Optional[SegmentTable] = None
+        self._settle_lock = threading.Lock()
+        # The completion event came before Call returned the Go call: _attach settles.
+        self._notified = False
 
-    def wait_slice(self, seconds: float) -> bool:
-        """Wait at most ``seconds`` for the reply; report whether it came."""
-        return self.go_call.Wait(int(seconds * 1000))
+    def _attach(self, go_call: Any, table: Optional[SegmentTable]) -> None:
+        """Hold the Go call (and the buffers it borrows) until the reply is settled."""
+        with self._settle_lock:
+            self._go_call, self._table = go_call, table
+            notified = self._notified
+        if notified:
+            self._settle()
 
-    def settle(self, fut: Future) -> None:
-        """Complete ``fut`` from the reply; only the first caller does the work."""
-        with self._lock:
-            if self._settled:
+    def _notify(self) -> None:
+        """The call's completion event: settle it, or let _attach do so if the event won the
+        race with Call's return (a call to this worker itself can)."""
+        with self._settle_lock:
+            if self._go_call is None and not self._done:
+                self._notified = True
                 return
-            self._settled = True
-        if self.table is not None:
-            self.table.release()
-            self.table = None
+        self._settle()
+
+    def done(self) -> bool:
+        """Whether the future has a result or an exception."""
+        go_call = self._go_call  # read once: another thread may settle the call meanwhile
+        if go_call is not None and not self._done and go_call.Wait(0):
+            self._settle()
+        return self._done
+
+    def wait(self) -> Any:
+        """Block until the call completes; return its result or raise its error."""
+        go_call = self._go_call
+        if go_call is not None and not self._done:
+            _wait_on_go(go_call.Wait)
+            self._settle()
+        return super().wait()
+
+    def _settle(self) -> None:
+        """Complete the future from the reply; only the first caller does the work."""
+        with self._settle_lock:
+            go_call, self._go_call = self._go_call, None
+            table, self._table = self._table, None
+        if go_call is None:
+            return
+        if table is not None:
+            table.release()
         value, exc = None, None
         try:
-            value, exc = self._outcome()
+            value, exc = self._outcome(go_call)
         except BaseException as err:  # a reply that cannot be unpickled fails the call
             exc = err
-        fut._complete(value, exc)
+        self._complete(value, exc)
 
-    def _outcome(self):
-        status = self.go_call.Status()
-        if status == _native.StatusOK:
-            payload, buffers = read_segments(self.go_call.Result(), self.go_agent)
+    def _outcome(self, go_call: Any) -> Tuple[Any, Optional[BaseException]]:
+        status = go_call.Status()
+        if status == _go.StatusOK:
+            payload, buffers = self._agent._read_message(go_call.Result())
             return deserialize(payload, buffers), None
-        if status == _native.StatusRemoteError:
-            payload, _ = read_segments(self.go_call.Result(), self.go_agent)
+        if status == _go.StatusRemoteError:
+            payload, _ = self._agent._read_message(go_call.Result())
             try:
                 return None, RemoteException.decode(payload).to_exception()
             except Exception:
-                return None, RuntimeError(f"On worker {self.dest}: {self.go_call.ErrorMessage()}")
-        if status == _native.StatusTimeout:
+                return None, RuntimeError(f"On worker {self._dest}: {go_call.ErrorMessage()}")
+        if status == _go.StatusTimeout:
             return None, RuntimeError(
-                f"RPC ran for more than set timeout ({self.timeout_ms} ms) and will now be marked "
-                f"with an error: the call to worker {self.dest} timed out"
+                f"RPC ran for more than set timeout ({self._timeout_ms} ms) and will now be marked "
+                f"with an error: the call to worker {self._dest} timed out"
             )
-        return None, RuntimeError(self.go_call.ErrorMessage())
+        return None, RuntimeError(go_call.ErrorMessage())
 
 
 def _confirm_creation(created: Future) -> None:
@@ -127,7 +185,7 @@ class PythonAgent:
     def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float) -> None:
         from .rref import OwnerTable
 
-        self.go_agent = go_agent
+        self._go_agent = go_agent
         self.rpc_timeout = rpc_timeout
         self.owner_table = OwnerTable()
         self.running = True
@@ -143,7 +201,7 @@ class PythonAgent:
         }
         self._notify_ids = itertools.count(1)
         self._pending_lock = threading.Lock()
-        self._pending: Dict[int, Future] = {}
+        self._pending: Dict[int, _CallFuture] = {}
         self._threads = [
             threading.Thread(target=self._serve_loop, name=f"tensorplay-rpc-worker-{i}", daemon=True)
             for i in range(num_worker_threads)
@@ -183,16 +241,16 @@ class PythonAgent:
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
-        timeout_ms = 0 if timeout <= 0 else max(1, int(round(timeout * 1000)))
-        fut: Future = Future()
+        timeout_ms = _to_ms(timeout)
+        fut = _CallFuture(self, dest.name, timeout_ms)
         notify_id = next(self._notify_ids) if notify else 0
         if notify:
             with self._pending_lock:
                 self._pending[notify_id] = fut
         table = SegmentTable(segments)
-        borrowed = table.size >= _native.BorrowThreshold
+        borrowed = table.size >= _go.BorrowThreshold
         try:
-            go_call = self.go_agent.Call(dest.id, table.address, table.count, timeout_ms, notify_id)
+            go_call = self._go_agent.Call(dest.id, table.address, table.count, timeout_ms, notify_id)
         except BaseException:
             table.release()
             if notify:
@@ -201,79 +259,144 @@ class PythonAgent:
             raise
         if not borrowed:
             table.release()
-        fut._pending_call = _PendingCall(go_call, self.go_agent, dest.name, timeout_ms, table if borrowed else None)
+        fut._attach(go_call, table if borrowed else None)
         return fut
 
-    def add_fork(self, owner: int, rref_id, fork_id, holder: int) -> None:
+    # -- RRef bookkeeping in Go -----------------------------------------------------------
+
+    def new_id(self) -> Id:
+        """A new id for an RRef or a fork: no other made by any worker is equal to it."""
+        return (self.info.id, self._go_agent.NewLocalID())
+
+    def add_fork(self, owner: int, rref_id: Id, fork_id: Id, holder: int) -> None:
         """Register an RRef fork held by ``holder`` with the RRef's owner."""
-        self.go_agent.AddFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], holder)
+        self._go_agent.AddFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], holder)
+
+    def release_fork(self, owner: int, rref_id: Id, fork_id: Id) -> None:
+        """Tell the RRef's owner this worker dropped a fork; does not block."""
+        self._go_agent.ReleaseFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1])
+
+    def owned_rref_count(self) -> Tuple[int, int]:
+        """RRefs this worker owns: values kept by Python, entries counted by Go."""
+        return len(self.owner_table), self._go_agent.OwnedRRefs()
+
+    # -- leak checks (tests) --------------------------------------------------------------
+
+    def lent_messages(self) -> int:
+        """Received messages whose memory Python still uses in place."""
+        return self._go_agent.Lent()
+
+    def goroutines(self) -> int:
+        """Goroutines in this process."""
+        return self._go_agent.Goroutines()
+
+    def pending_futures(self) -> int:
+        """Futures of calls made with notify still waiting for their reply."""
+        with self._pending_lock:
+            return len(self._pending)
+
+    # -- events ---------------------------------------------------------------------------
 
     def _event_loop(self) -> None:
         """Complete futures of calls made with notify, and drop values no one references."""
         while True:
-            event = self.go_agent.NextEvent(_IDLE_WAIT_MS)
+            event = self._go_agent.NextEvent(_IDLE_WAIT_MS)
             if not event.Valid():
-                if self.go_agent.Closed():
+                if self._go_agent.Closed():
                     with self._pending_lock:
                         if not self._pending:
                             return
                     time.sleep(WAIT_SLICE_S)  # completions of the last calls are on their way
                 continue
-            if event.Kind() == _native.EventRRefDropped:
+            kind = event.Kind()
+            if kind == _go.EventRRefDropped:
                 self.owner_table.drop((event.RRefCreator(), event.RRefLocal()))
-                continue
-            with self._pending_lock:
-                fut = self._pending.pop(event.NotifyID(), None)
-            call = fut._pending_call if fut is not None else None
-            if call is not None:
-                call.settle(fut)
+            elif kind == _go.EventCallDone:
+                with self._pending_lock:
+                    fut = self._pending.pop(event.NotifyID(), None)
+                if fut is not None:
+                    fut._notify()
 
     # -- incoming calls -------------------------------------------------------------------
 
     def _serve_loop(self) -> None:
         while True:
-            request = self.go_agent.NextRequest(_IDLE_WAIT_MS)
-            if request.Valid():
-                self._serve(request)
-            elif self.go_agent.Closed():
+            go_request = self._go_agent.NextRequest(_IDLE_WAIT_MS)
+            if go_request.Valid():
+                self._serve(go_request)
+            elif self._go_agent.Closed():
                 return
 
-    def _serve(self, request) -> None:
+    def _serve(self, go_request) -> None:
         try:
-            payload, buffers = read_segments(request, self.go_agent)
+            payload, buffers = self._read_message(go_request)
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
         except BaseException as exc:  # everything the user code raises goes back to the caller
-            self._reply_error(request, exc)
+            self._reply_error(go_request, exc)
             return
         if isinstance(result, Deferred):
-            result.future.add_done_callback(lambda fut: self._reply_outcome(request, fut))
+            result.future.add_done_callback(lambda fut: self._reply_outcome(go_request, fut))
         else:
-            self._reply(request, result)
+            self._reply(go_request, result)
 
-    def _reply_outcome(self, request, fut: Future) -> None:
+    def _read_message(self, go_segments: Any) -> Tuple[BufferLike, List[BufferLike]]:
+        """Take a received message (a request, a reply) out of Go: its payload and out-of-band
+        buffers. A message in one pooled Go buffer is used in place and handed back when the
+        last view of it dies; any other is copied into objects Python allocates."""
+        count = go_segments.NumSegments()
+        sizes = [go_segments.SegmentSize(i) for i in range(count)]
+        if count == 1:
+            payload, address = new_bytearray(sizes[0])
+            if sizes[0]:
+                go_segments.CopySegment(0, address)
+            go_segments.Release()
+            return payload, []
+        # The last segment records each buffer's kind (internal.serialize).
+        kinds, address = new_bytes(sizes[-1])
+        go_segments.CopySegment(count - 1, address)
+        base = go_segments.Lend()
+        if base:
+            view = lent_view(base, sum(sizes), functools.partial(self._go_agent.Return, go_segments.LendID()))
+            parts: List[BufferLike] = []
+            offset = 0
+            for i, size in enumerate(sizes[:-1]):
+                part = view[offset : offset + size]
+                offset += size
+                parts.append(bytes(part) if i > 0 and kinds[i - 1] == KIND_BYTES else part)
+            return parts[0], parts[1:]
+        parts = []
+        for i, size in enumerate(sizes[:-1]):
+            buf, address = new_bytes(size) if i > 0 and kinds[i - 1] == KIND_BYTES else new_bytearray(size)
+            if size:
+                go_segments.CopySegment(i, address)
+            parts.append(buf)
+        go_segments.Release()
+        return parts[0], parts[1:]
+
+    def _reply_outcome(self, go_request, fut: Future) -> None:
         try:
             result = fut.wait()
         except BaseException as exc:
-            self._reply_error(request, exc)
+            self._reply_error(go_request, exc)
             return
-        self._reply(request, result)
+        self._reply(go_request, result)
 
-    def _reply(self, request, result: Any) -> None:
+    def _reply(self, go_request, result: Any) -> None:
         try:
             segments, context = serialize(result)
             for owner, rref_id, fork_id in context.forks:
-                self.add_fork(owner, rref_id, fork_id, holder=request.CallerID())
+                self.add_fork(owner, rref_id, fork_id, holder=go_request.CallerID())
         except BaseException as exc:  # an unpicklable result fails the call, not the worker
-            self._reply_error(request, exc)
+            self._reply_error(go_request, exc)
             return
         table = SegmentTable(segments)
         try:
-            request.Reply(table.address, table.count)
+            go_request.Reply(table.address, table.count)
         finally:
             table.release()
 
-    def _reply_error(self, request, exc: BaseException) -> None:
+    def _reply_error(self, go_request, exc: BaseException) -> None:
         try:
             summary = f"{type(exc).__name__}: {exc}"
         except Exception:  # an exception whose str() fails still gets reported
@@ -281,7 +404,7 @@ class PythonAgent:
         detail = RemoteException.capture(exc, repr(self.info)).encode()
         table = SegmentTable([detail])
         try:
-            request.Fail(summary, table.address, table.count)
+            go_request.Fail(summary, table.address, table.count)
         finally:
             table.release()
 
@@ -318,10 +441,9 @@ class PythonAgent:
 
     def shutdown(self, graceful: bool, timeout: float) -> None:
         """Leave the world (see ``api.shutdown``); waits in slices so Ctrl-C gets through."""
-        self.go_agent.BeginShutdown(graceful, 0 if timeout <= 0 else max(1, int(timeout * 1000)))
+        self._go_agent.BeginShutdown(graceful, _to_ms(timeout))
         try:
-            while not self.go_agent.WaitShutdown(_SLICE_MS):
-                pass
+            _wait_on_go(self._go_agent.WaitShutdown)
         except BaseException:
             # Ctrl-C: Go finishes closing on its own; the threads are daemons and end with it.
             self.running = False
@@ -330,3 +452,29 @@ class PythonAgent:
         self._completer.join(timeout=5)
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)
+
+
+def start_agent(store: str, name: str, rank: int, world_size: int, options: TensorPipeRpcBackendOptions) -> PythonAgent:
+    """Join the world as worker ``name`` through the rendezvous store at ``store``
+    (``tcp://host:port`` or ``file:///path``) and return the agent, not yet serving.
+
+    The join waits in slices, so Ctrl-C stops one that waits on a missing worker."""
+    init_timeout = options.rpc_timeout if options.rpc_timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
+    starter = _go.BeginStart(
+        name,
+        rank,
+        world_size,
+        store,
+        _to_ms(init_timeout),
+        options.max_message_size,
+        options.token or os.environ.get("TENSORPLAY_RPC_TOKEN", ""),
+        options.tls_cert or "",
+        options.tls_key or "",
+        options.tls_ca or "",
+    )
+    try:
+        _wait_on_go(starter.Wait)
+    except BaseException:
+        starter.Cancel()
+        raise
+    return PythonAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout)

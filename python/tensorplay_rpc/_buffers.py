@@ -1,4 +1,6 @@
-"""Moving bytes across the Go boundary as (address, length) pairs, without extra copies.
+"""Python's side of moving bytes to and from Go as (address, length) pairs, without extra
+copies: tables naming Python buffers, uninitialised objects for Go to fill, and views of
+memory Go lends. Nothing here calls Go; the agent module (``_agent``) does.
 
 Outgoing, Python hands Go a table of uint64 pairs naming its buffers. Go copies a small
 message before the call returns; a big one (at least ``BorrowThreshold`` bytes) it sends from
@@ -14,7 +16,7 @@ from __future__ import annotations
 import array
 import ctypes
 import weakref
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, Callable, List, Sequence, Tuple, Union
 
 BufferLike = Union[bytes, bytearray, memoryview]
 
@@ -111,50 +113,22 @@ class SegmentTable:
         self._keep = ()
 
 
-def _new_bytearray(size: int) -> Tuple[bytearray, int]:
+def new_bytearray(size: int) -> Tuple[bytearray, int]:
+    """A bytearray of ``size`` uninitialised bytes, and the address of its data."""
     buf = _api.PyByteArray_FromStringAndSize(None, size)
     return buf, (_api.PyByteArray_AsString(buf) or 0) if size else 0
 
 
-def _new_bytes(size: int) -> Tuple[bytes, int]:
+def new_bytes(size: int) -> Tuple[bytes, int]:
+    """A bytes object of ``size`` uninitialised bytes, and the address of its data (bytes are
+    immutable to Python code, but nothing holds this one yet, so Go may fill it)."""
     buf = _api.PyBytes_FromStringAndSize(None, size)
     return buf, _bytes_address(buf)
 
 
-def read_segments(go_segments, go_agent) -> Tuple[BufferLike, List[BufferLike]]:
-    """Take a received message out of Go: its payload and out-of-band buffers.
-
-    ``go_segments`` is the message (pybind Segments); ``go_agent`` is the Go agent, to hand lent
-    memory back to.
-    """
-    count = go_segments.NumSegments()
-    sizes = [go_segments.SegmentSize(i) for i in range(count)]
-    if count == 1:
-        payload, address = _new_bytearray(sizes[0])
-        if sizes[0]:
-            go_segments.CopySegment(0, address)
-        go_segments.Release()
-        return payload, []
-    kinds, address = _new_bytes(sizes[-1])
-    go_segments.CopySegment(count - 1, address)
-    base = go_segments.Lend()
-    if base:
-        total = sum(sizes)
-        region = (ctypes.c_char * total).from_address(base)
-        weakref.finalize(region, go_agent.Return, go_segments.LendID())
-        view = memoryview(region).cast("B")
-        parts: List[BufferLike] = []
-        offset = 0
-        for i, size in enumerate(sizes[:-1]):
-            part = view[offset : offset + size]
-            offset += size
-            parts.append(bytes(part) if i > 0 and kinds[i - 1] == KIND_BYTES else part)
-        return parts[0], parts[1:]
-    parts = []
-    for i, size in enumerate(sizes[:-1]):
-        buf, address = _new_bytes(size) if i > 0 and kinds[i - 1] == KIND_BYTES else _new_bytearray(size)
-        if size:
-            go_segments.CopySegment(i, address)
-        parts.append(buf)
-    go_segments.Release()
-    return parts[0], parts[1:]
+def lent_view(address: int, size: int, on_release: Callable[[], None]) -> memoryview:
+    """A view of ``size`` bytes of memory another owner lent at ``address``;
+    ``on_release()`` runs once the view and every slice of it are gone."""
+    region = (ctypes.c_char * size).from_address(address)
+    weakref.finalize(region, on_release)
+    return memoryview(region).cast("B")

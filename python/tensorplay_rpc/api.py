@@ -214,10 +214,8 @@ def remote(
     agent = require_agent()
     _check_callable(func)
     dest = _destination(agent, to)
-    me = agent.info.id
-    rref_id = (me, agent.go_agent.NewLocalID())
-    fork_id = (me, agent.go_agent.NewLocalID())
-    agent.add_fork(dest.id, rref_id, fork_id, holder=me)
+    rref_id, fork_id = agent.new_id(), agent.new_id()
+    agent.add_fork(dest.id, rref_id, fork_id, holder=agent.info.id)
     # Made before the call, so a failure to send still releases the fork.
     rref = _make_rref(agent, dest.id, rref_id, fork_id)
     creation = agent.call(dest, (REMOTE, rref_id, func, tuple(args or ()), dict(kwargs or {})), timeout)
@@ -316,5 +314,4 @@ def _barrier(worker_names: Set[str]) -> None:
 
 def _owned_rref_count() -> Tuple[int, int]:
     """RRefs this worker owns: values kept by Python, entries counted by Go (for tests)."""
-    agent = require_agent()
-    return len(agent.owner_table), agent.go_agent.OwnedRRefs()
+    return require_agent().owned_rref_count()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import enum
-import os
 from typing import Any, Callable
 
 from . import constants
@@ -37,9 +36,7 @@ def _tensorpipe_construct_rpc_backend_options_handler(
 def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: int, rpc_backend_options):
     """Start the Go agent: ``store`` is the rendezvous URL (``tcp://host:port`` or
     ``file:///path``). Returns the agent, not yet serving."""
-    from ._agent import PythonAgent
-    from ._native import pybind as _native
-    from .futures import WAIT_SLICE_S
+    from ._agent import start_agent
     from .options import TensorPipeRpcBackendOptions
 
     if not isinstance(rpc_backend_options, TensorPipeRpcBackendOptions):
@@ -47,29 +44,7 @@ def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: in
             f"TENSORPIPE backend needs TensorPipeRpcBackendOptions, got {type(rpc_backend_options).__name__}"
         )
     rpc_backend_options._check_devices()
-    timeout = rpc_backend_options.rpc_timeout
-    init_timeout = timeout if timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
-    token = rpc_backend_options.token or os.environ.get("TENSORPLAY_RPC_TOKEN", "")
-    starter = _native.BeginStart(
-        name,
-        rank,
-        world_size,
-        store,
-        int(init_timeout * 1000),
-        rpc_backend_options.max_message_size,
-        token,
-        rpc_backend_options.tls_cert or "",
-        rpc_backend_options.tls_key or "",
-        rpc_backend_options.tls_ca or "",
-    )
-    try:
-        # In slices, so Ctrl-C stops a join that waits on a missing worker.
-        while not starter.Wait(int(WAIT_SLICE_S * 1000)):
-            pass
-    except BaseException:
-        starter.Cancel()
-        raise
-    return PythonAgent(starter.Agent(), rpc_backend_options.num_worker_threads, timeout)
+    return start_agent(store, name, rank, world_size, rpc_backend_options)
 
 
 class BackendType(enum.Enum):

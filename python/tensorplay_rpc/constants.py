@@ -9,3 +9,6 @@ UNSET_RPC_TIMEOUT: float = -1.0
 DEFAULT_SHUTDOWN_TIMEOUT: float = 0.0
 # The most bytes one call or reply may carry.
 DEFAULT_MAX_MESSAGE_SIZE: int = 4 << 30
+# Blocking waits return to Python this often, so Ctrl-C is seen promptly: a signal reaches
+# Python only between calls into Go, and a condition wait wakes for it only on its own timeout.
+WAIT_SLICE_S: float = 0.1

@@ -6,13 +6,12 @@ import logging
 import threading
 from typing import Any, Callable, Generic, List, Optional, TypeVar
 
+from .constants import WAIT_SLICE_S
+
 T = TypeVar("T")
 S = TypeVar("S")
 
 logger = logging.getLogger(__name__)
-
-# Blocking waits return to Python this often, so Ctrl-C is seen promptly.
-WAIT_SLICE_S = 0.1
 
 
 class Future(Generic[T]):
@@ -30,24 +29,13 @@ class Future(Generic[T]):
         self._result: Any = None
         self._exception: Optional[BaseException] = None
         self._callbacks: List[Callable[["Future[T]"], None]] = []
-        # Set for futures of outgoing calls: lets wait() collect the reply itself instead of
-        # waiting for the completion thread.
-        self._pending_call: Any = None
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
-        call = self._pending_call  # read once: another thread may complete the future meanwhile
-        if not self._done and call is not None and call.wait_slice(0):
-            call.settle(self)
         return self._done
 
     def wait(self) -> T:
         """Block until the future completes; return its value or raise its exception."""
-        call = self._pending_call
-        if call is not None and not self._done:
-            while not call.wait_slice(WAIT_SLICE_S):
-                pass
-            call.settle(self)
         with self._cond:
             while not self._done:
                 self._cond.wait(WAIT_SLICE_S)
@@ -110,7 +98,6 @@ class Future(Generic[T]):
                 return False
             self._result, self._exception = result, exception
             self._done = True
-            self._pending_call = None
             callbacks, self._callbacks = self._callbacks, []
             self._cond.notify_all()
         for callback in callbacks:

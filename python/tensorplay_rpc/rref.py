@@ -79,8 +79,7 @@ class PyRRef:
         """Make a local RRef, owned by this worker, to ``value``."""
         agent = require_agent()
         me = agent.info.id
-        rref_id = (me, agent.go_agent.NewLocalID())
-        fork_id = (me, agent.go_agent.NewLocalID())
+        rref_id, fork_id = agent.new_id(), agent.new_id()
         slot = agent.owner_table.creation_slot(rref_id)
         slot.set_result(value)
         agent.add_fork(me, rref_id, fork_id, holder=me)
@@ -97,7 +96,7 @@ class PyRRef:
     def __del__(self) -> None:
         agent = getattr(self, "_agent", None)
         if agent is not None and agent.running:
-            agent.go_agent.ReleaseFork(self._owner_id, *self._rref_id, *self._fork_id)
+            agent.release_fork(self._owner_id, self._rref_id, self._fork_id)
 
     def is_owner(self) -> bool:
         """Whether this worker owns the value."""
@@ -170,7 +169,7 @@ class PyRRef:
         context = current_send_context()
         if context is None:
             raise RuntimeError("RRef can only be pickled while it is being sent by an RPC call")
-        fork_id = (self._agent.info.id, self._agent.go_agent.NewLocalID())
+        fork_id = self._agent.new_id()
         context.forks.append((self._owner_id, self._rref_id, fork_id))
         return (_rebuild_rref, (self._owner_id, self._rref_id, fork_id))
 

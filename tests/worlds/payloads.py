@@ -35,7 +35,7 @@ def make(nbytes):
 def lent_count():
     """Received messages whose memory the callee's Python still uses in place."""
     gc.collect()
-    return _agent.require_agent().go_agent.Lent()
+    return _agent.require_agent().lent_messages()
 
 
 def numpy_cases():
@@ -74,7 +74,7 @@ def numpy_round_trips(rank, world_size):
             out[name] = (same, back.flags.writeable, seen[3])
         out["lent_after"] = rpc.rpc_sync("worker1", lent_count)
         gc.collect()
-        out["lent_here"] = _agent.require_agent().go_agent.Lent()
+        out["lent_here"] = _agent.require_agent().lent_messages()
     rpc.shutdown()
     return out
 

@@ -23,12 +23,10 @@ def nbytes(x):
 def snapshot():
     agent = _agent.require_agent()
     gc.collect()
-    with agent._pending_lock:
-        pending = len(agent._pending)
     return {
-        "pending_futures": pending,
-        "lent": agent.go_agent.Lent(),
-        "goroutines": agent.go_agent.Goroutines(),
+        "pending_futures": agent.pending_futures(),
+        "lent": agent.lent_messages(),
+        "goroutines": agent.goroutines(),
         "threads": threading.active_count(),
         "rss_kib": _rss_kib(),
     }

@@ -2,6 +2,14 @@
 
 Workers call functions on each other with :func:`rpc_sync`, :func:`rpc_async` and
 :func:`remote` after :func:`init_rpc`; see the README for an example.
+
+This module only re-exports. Modules import each other in one direction, all at module top
+(docs/ARCHITECTURE.md, "Python package")::
+
+    api ──> backend_registry ──> _agent ──> _native (Go, the only module that calls it)
+     │                            ^  │
+     └──> rref ──> rref_proxy ────┘  ├──> _owner_table, internal, _buffers
+                                     └──> functions, futures, options, worker_info, constants
 """
 
 from . import functions

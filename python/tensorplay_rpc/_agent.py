@@ -19,25 +19,35 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import constants
 from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes
 from ._native import pybind as _go
+from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
-from .functions import is_async_execution
+from .functions import Deferred, run_function
 from .futures import Future
-from .internal import Deferred, RemoteException, deserialize, serialize
+from .internal import RemoteException, deserialize, serialize
 from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
-
-Id = Tuple[int, int]  # an RRef or fork id: (creator worker id, local number)
 
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
 _IDLE_WAIT_MS = 2000
 
 # Message kinds: the first item of every Python-level request.
-CALL = "call"  # (CALL, func, args, kwargs): run func, reply with its result
-REMOTE = "remote"  # (REMOTE, rref_id, func, args, kwargs): run func, keep the result as an RRef
-FETCH = "fetch"  # (FETCH, rref_id): reply with the value of an RRef this worker owns
+_CALL = "call"  # (_CALL, func, args, kwargs): run func, reply with its result
+_REMOTE = "remote"  # (_REMOTE, rref_id, func, args, kwargs): run func, keep the result as an RRef
+_FETCH = "fetch"  # (_FETCH, rref_id): reply with the value of an RRef this worker owns
+
+# What a call message carries: (func, args, kwargs), made by function_call.
+FunctionCall = Tuple[Callable[..., Any], tuple, dict]
+
+
+def function_call(func: Callable[..., Any], args: Optional[tuple], kwargs: Optional[dict]) -> FunctionCall:
+    """The function call a message carries, checked and with defaults filled in: the one
+    builder for rpc_sync, rpc_async, remote and the RRef proxies."""
+    if not callable(func):
+        raise TypeError("function should be callable.")
+    return func, tuple(args or ()), dict(kwargs or {})
 
 
 def _to_ms(seconds: float) -> int:
@@ -183,8 +193,6 @@ class PythonAgent:
     """One worker's agent: owns the Go agent and the Python threads around it."""
 
     def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float) -> None:
-        from .rref import OwnerTable
-
         self._go_agent = go_agent
         self.rpc_timeout = rpc_timeout
         self.owner_table = OwnerTable()
@@ -195,9 +203,9 @@ class PythonAgent:
         ]
         self._by_name: Dict[str, WorkerInfo] = {w.name: w for w in self.workers}
         self._handlers: Dict[str, Callable[..., Any]] = {
-            CALL: self._run_call,
-            REMOTE: self._run_remote,
-            FETCH: self._fetch,
+            _CALL: run_function,
+            _REMOTE: self._run_remote,
+            _FETCH: self._fetch,
         }
         self._notify_ids = itertools.count(1)
         self._pending_lock = threading.Lock()
@@ -228,7 +236,33 @@ class PythonAgent:
 
     # -- outgoing calls -------------------------------------------------------------------
 
-    def call(self, dest: WorkerInfo, message: Any, timeout: float, notify: bool = True) -> Future:
+    def rpc_async(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Future:
+        """Run ``call`` on worker ``dest``; the future of its result."""
+        return self._send(dest, (_CALL, *call), timeout)
+
+    def rpc_sync(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Any:
+        """Run ``call`` on worker ``dest`` and return its result. The reply is collected by
+        this thread, not the event thread: one hand-off fewer."""
+        return self._send(dest, (_CALL, *call), timeout, notify=False).wait()
+
+    def remote(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Tuple[Id, Id, Future]:
+        """Run ``call`` on worker ``dest`` and keep the result there as an RRef. Returns the
+        RRef's id, the id of this worker's fork (already registered with ``dest``), and the
+        future of the creation."""
+        rref_id, fork_id = self.new_id(), self.new_id()
+        self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
+        try:
+            creation = self._send(dest, (_REMOTE, rref_id, *call), timeout)
+        except BaseException:
+            self.release_fork(dest.id, rref_id, fork_id)  # no RRef object will hold it
+            raise
+        return rref_id, fork_id, creation
+
+    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float) -> Future:
+        """The future of a copy of the value of RRef ``rref_id``, from its owner."""
+        return self._send(owner, (_FETCH, rref_id), timeout, notify=False)
+
+    def _send(self, dest: WorkerInfo, message: Any, timeout: float, notify: bool = True) -> Future:
         """Send a Python-level message and return the future of its reply.
 
         ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none. Without
@@ -408,23 +442,11 @@ class PythonAgent:
         finally:
             table.release()
 
-    @staticmethod
-    def _run_call(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        result = func(*args, **kwargs)
-        if is_async_execution(func):
-            if not isinstance(result, Future):
-                raise TypeError(
-                    f"async_execution function {getattr(func, '__qualname__', func)} must return a Future, "
-                    f"got {type(result).__name__}"
-                )
-            return Deferred(result)
-        return result
-
-    def _run_remote(self, rref_id, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def _run_remote(self, rref_id: Id, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """Create an RRef's value; the reply (None, or the creation's error) confirms it."""
         slot = self.owner_table.creation_slot(tuple(rref_id))
         try:
-            result = self._run_call(func, args, kwargs)
+            result = run_function(func, args, kwargs)
         except BaseException as exc:
             slot._complete(None, exc)
             raise
@@ -434,7 +456,7 @@ class PythonAgent:
         slot._complete(result, None)
         return None
 
-    def _fetch(self, rref_id) -> Deferred:
+    def _fetch(self, rref_id: Id) -> Deferred:
         return Deferred(self.owner_table.slot(tuple(rref_id)))
 
     # -- shutdown -------------------------------------------------------------------------

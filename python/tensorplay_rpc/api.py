@@ -10,11 +10,11 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 from urllib.parse import parse_qs, urlparse
 
 from . import backend_registry, constants
-from ._agent import CALL, REMOTE, PythonAgent, current_agent, install_agent, require_agent
+from ._agent import PythonAgent, current_agent, function_call, install_agent, require_agent
 from .backend_registry import BackendType
 from .futures import Future
 from .options import RpcBackendOptions
-from .rref import RRef, _make_rref
+from .rref import RRef, remote_rref
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -158,11 +158,6 @@ def _destination(agent: PythonAgent, to: Destination) -> WorkerInfo:
     raise TypeError(f"to must be a worker name, id or WorkerInfo, got {type(to).__name__}")
 
 
-def _check_callable(func: Any) -> None:
-    if not callable(func):
-        raise TypeError("function should be callable.")
-
-
 def rpc_async(
     to: Destination,
     func: Callable[..., Any],
@@ -176,8 +171,8 @@ def rpc_async(
     ``timeout`` is in seconds: -1 uses the agent's rpc_timeout, 0 means no timeout.
     """
     agent = require_agent()
-    _check_callable(func)
-    return agent.call(_destination(agent, to), (CALL, func, tuple(args or ()), dict(kwargs or {})), timeout)
+    call = function_call(func, args, kwargs)
+    return agent.rpc_async(_destination(agent, to), call, timeout)
 
 
 def rpc_sync(
@@ -193,9 +188,8 @@ def rpc_sync(
     exception raised by ``func`` is raised here with the remote traceback in its message.
     """
     agent = require_agent()
-    _check_callable(func)
-    message = (CALL, func, tuple(args or ()), dict(kwargs or {}))
-    return agent.call(_destination(agent, to), message, timeout, notify=False).wait()
+    call = function_call(func, args, kwargs)
+    return agent.rpc_sync(_destination(agent, to), call, timeout)
 
 
 def remote(
@@ -212,15 +206,8 @@ def remote(
     bounds the creation: if it passes, ``to_here()`` raises a timeout error.
     """
     agent = require_agent()
-    _check_callable(func)
-    dest = _destination(agent, to)
-    rref_id, fork_id = agent.new_id(), agent.new_id()
-    agent.add_fork(dest.id, rref_id, fork_id, holder=agent.info.id)
-    # Made before the call, so a failure to send still releases the fork.
-    rref = _make_rref(agent, dest.id, rref_id, fork_id)
-    creation = agent.call(dest, (REMOTE, rref_id, func, tuple(args or ()), dict(kwargs or {})), timeout)
-    rref._creation = creation
-    return rref
+    call = function_call(func, args, kwargs)
+    return remote_rref(agent, _destination(agent, to), call, timeout)
 
 
 class AllGatherStates:

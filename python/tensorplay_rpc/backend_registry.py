@@ -7,6 +7,8 @@ import enum
 from typing import Any, Callable
 
 from . import constants
+from ._agent import PythonAgent, start_agent
+from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
 
 BackendValue = collections.namedtuple(
     "BackendValue", ["construct_rpc_backend_options_handler", "init_backend_handler"]
@@ -21,9 +23,7 @@ def _tensorpipe_construct_rpc_backend_options_handler(
     _transports=None,
     _channels=None,
     **kwargs: Any,
-):
-    from .options import TensorPipeRpcBackendOptions
-
+) -> TensorPipeRpcBackendOptions:
     return TensorPipeRpcBackendOptions(
         rpc_timeout=rpc_timeout,
         init_method=init_method,
@@ -33,12 +33,11 @@ def _tensorpipe_construct_rpc_backend_options_handler(
     )
 
 
-def _tensorpipe_init_backend_handler(store, name: str, rank: int, world_size: int, rpc_backend_options):
+def _tensorpipe_init_backend_handler(
+    store: str, name: str, rank: int, world_size: int, rpc_backend_options: RpcBackendOptions
+) -> PythonAgent:
     """Start the Go agent: ``store`` is the rendezvous URL (``tcp://host:port`` or
     ``file:///path``). Returns the agent, not yet serving."""
-    from ._agent import start_agent
-    from .options import TensorPipeRpcBackendOptions
-
     if not isinstance(rpc_backend_options, TensorPipeRpcBackendOptions):
         raise TypeError(
             f"TENSORPIPE backend needs TensorPipeRpcBackendOptions, got {type(rpc_backend_options).__name__}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
+from .futures import Future
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -35,3 +37,27 @@ def is_async_execution(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` (or the function a bound method wraps) is marked by
     :func:`async_execution`."""
     return getattr(fn, "_wrapped_async_rpc_function", None) is not None
+
+
+class Deferred:
+    """What a request handler returns to reply later: the reply is the outcome of ``future``,
+    sent when it completes."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+
+
+def run_function(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run ``fn(*args, **kwargs)`` for an incoming request: its result, or for an
+    :func:`async_execution` function a :class:`Deferred` of the Future it returned."""
+    result = fn(*args, **kwargs)
+    if not is_async_execution(fn):
+        return result
+    if not isinstance(result, Future):
+        raise TypeError(
+            f"async_execution function {getattr(fn, '__qualname__', fn)} must return a Future, "
+            f"got {type(result).__name__}"
+        )
+    return Deferred(result)

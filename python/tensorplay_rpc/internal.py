@@ -65,13 +65,12 @@ def _reduce_ndarray(obj):
     if obj.nbytes < OUT_OF_BAND_MIN:
         return obj.__reduce_ex__(4)
     if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
-        import numpy
-
-        obj = numpy.ascontiguousarray(obj)
+        obj = sys.modules["numpy"].ascontiguousarray(obj)
     return obj.__reduce_ex__(PROTOCOL)
 
 
 def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
+    # torch is optional and slow to import: only a worker that receives a tensor needs it.
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -217,16 +216,6 @@ def serialize(obj: Any) -> Tuple[List[Any], SendContext]:
 def deserialize(payload, buffers) -> Any:
     """Unpickle what :func:`serialize` made, given the received payload and buffers."""
     return _Unpickler(io.BytesIO(payload), buffers=buffers).load()
-
-
-class Deferred:
-    """What a request handler returns to reply later: the reply is the outcome of ``future``
-    (a :class:`~tensorplay_rpc.Future`), sent when it completes."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future) -> None:
-        self.future = future
 
 
 class RemoteException:

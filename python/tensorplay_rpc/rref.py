@@ -8,65 +8,19 @@ protocol (see core/rref.go); this module keeps the values and the Python objects
 
 from __future__ import annotations
 
+import functools
 import inspect
-import threading
-from typing import Any, Dict, Generic, Optional, Set, Tuple, TypeVar
+from typing import Any, Generic, Optional, TypeVar
 
 from . import constants
-from ._agent import current_agent, require_agent
+from ._agent import FunctionCall, PythonAgent, current_agent, require_agent
+from ._owner_table import Id
 from .futures import Future
 from .internal import current_send_context
+from .rref_proxy import RRefProxy
 from .worker_info import WorkerInfo
 
 T = TypeVar("T")
-Id = Tuple[int, int]  # (creator worker id, local number)
-
-
-class OwnerTable:
-    """The values this worker owns, by RRef id, each as a future of its creation."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._slots: Dict[Id, Future] = {}
-        # Whose creation has begun here.
-        self._created: Set[Id] = set()
-        # Dropped before their creation began (the creator let go at once): not to be kept.
-        self._dropped: Set[Id] = set()
-
-    def slot(self, rref_id: Id) -> Future:
-        """The value's future, made pending if its creation has not started yet."""
-        with self._lock:
-            fut = self._slots.get(rref_id)
-            if fut is None:
-                fut = self._slots[rref_id] = Future()
-            return fut
-
-    def creation_slot(self, rref_id: Id) -> Future:
-        """The future a creation completes (every RRef's value is made through here once); a
-        throwaway one if the RRef was already dropped."""
-        with self._lock:
-            if rref_id in self._dropped:
-                self._dropped.discard(rref_id)
-                return Future()
-            self._created.add(rref_id)
-            fut = self._slots.get(rref_id)
-            if fut is None:
-                fut = self._slots[rref_id] = Future()
-            return fut
-
-    def drop(self, rref_id: Id) -> None:
-        """Forget a value no one references any more."""
-        with self._lock:
-            self._slots.pop(rref_id, None)
-            if rref_id in self._created:
-                self._created.discard(rref_id)
-            else:  # its creation is still to come: it must not keep the value
-                self._dropped.add(rref_id)
-
-    def __len__(self) -> int:
-        """Entries held: values, and drops waiting for their creation."""
-        with self._lock:
-            return len(self._slots) + len(self._dropped)
 
 
 class PyRRef:
@@ -85,7 +39,7 @@ class PyRRef:
         agent.add_fork(me, rref_id, fork_id, holder=me)
         self._bind(agent, me, rref_id, fork_id, slot, None)
 
-    def _bind(self, agent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
+    def _bind(self, agent: PythonAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
         self._agent = agent
         self._owner_id = owner_id
         self._rref_id = rref_id
@@ -128,9 +82,7 @@ class PyRRef:
         Raises the error its creation raised."""
         if self.is_owner():
             return self.local_value()
-        from ._agent import FETCH
-
-        fetch = self._agent.call(self.owner(), (FETCH, self._rref_id), timeout, notify=False)
+        fetch = self._agent.fetch(self.owner(), self._rref_id, timeout)
         if self._creation is not None:
             # The owner answers both once the value exists; a failed creation (its error, a
             # timeout, a lost owner) is raised here even if the fetch would wait on.
@@ -140,22 +92,16 @@ class PyRRef:
     def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:
         ``rref.rpc_sync().method(*args)``."""
-        from .rref_proxy import RRefProxy
-
-        return RRefProxy(self, "rpc_sync", timeout)
+        return RRefProxy(self, self._agent.rpc_sync, timeout)
 
     def rpc_async(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns a Future."""
-        from .rref_proxy import RRefProxy
-
-        return RRefProxy(self, "rpc_async", timeout)
+        return RRefProxy(self, self._agent.rpc_async, timeout)
 
     def remote(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns an RRef to its result, kept on
         the owner."""
-        from .rref_proxy import RRefProxy
-
-        return RRefProxy(self, "remote", timeout)
+        return RRefProxy(self, functools.partial(remote_rref, self._agent), timeout)
 
     def _get_future(self) -> Future:
         """The future of this RRef's creation by ``remote()`` (complete for other RRefs)."""
@@ -215,7 +161,13 @@ for _name, _impl in inspect.getmembers(PyRRef, inspect.isfunction):
     setattr(RRef, _name, new_method)
 
 
-def _make_rref(agent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:
+def remote_rref(agent: PythonAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef":
+    """Run ``call`` on ``dest`` and return an RRef to its result, kept there (``remote()``)."""
+    rref_id, fork_id, creation = agent.remote(dest, call, timeout)
+    return _make_rref(agent, dest.id, rref_id, fork_id, creation)
+
+
+def _make_rref(agent: PythonAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:
     """An RRef object holding ``fork_id``, already registered with the owner."""
     rref = RRef.__new__(RRef)
     slot = agent.owner_table.slot(rref_id) if owner_id == agent.info.id else None

@@ -5,40 +5,35 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .functions import is_async_execution
-from .futures import Future
-from .internal import Deferred
+from ._agent import FunctionCall, function_call
+from .functions import run_function
+from .worker_info import WorkerInfo
+
+# How a proxy sends: rpc_sync, rpc_async or remote, given the owner, the call and the timeout.
+Send = Callable[[WorkerInfo, FunctionCall, float], Any]
 
 
-def _invoke_rref_method(rref, method_name: str, args: tuple, kwargs: dict) -> Any:
+def _invoke_rref_method(rref: Any, method_name: str, args: tuple, kwargs: dict) -> Any:
     """Run on the owner: call the value's method; an async_execution method replies when its
     future completes."""
-    method = getattr(rref.local_value(), method_name)
-    result = method(*args, **kwargs)
-    if is_async_execution(method):
-        if not isinstance(result, Future):
-            raise TypeError(f"async_execution method {method_name} must return a Future, got {type(result).__name__}")
-        return Deferred(result)
-    return result
+    return run_function(getattr(rref.local_value(), method_name), args, kwargs)
 
 
 class RRefProxy:
-    """Turns attribute access into a call of the value's method on the owner, made with one of
-    ``rpc_sync``, ``rpc_async`` or ``remote``."""
+    """Turns attribute access into a call of the value's method on the owner, sent with
+    ``send`` (the agent's rpc_sync or rpc_async, or remote)."""
 
-    def __init__(self, rref, rpc_api: str, timeout: float) -> None:
+    def __init__(self, rref: Any, send: Send, timeout: float) -> None:
         self._rref = rref
-        self._rpc_api = rpc_api
+        self._send = send
         self._timeout = timeout
 
     def __getattr__(self, method_name: str) -> Callable[..., Any]:
-        from . import api
-
-        send = getattr(api, self._rpc_api)
-        rref, timeout = self._rref, self._timeout
+        rref, send, timeout = self._rref, self._send, self._timeout
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return send(rref.owner(), _invoke_rref_method, args=(rref, method_name, args, kwargs), timeout=timeout)
+            message = function_call(_invoke_rref_method, (rref, method_name, args, kwargs), None)
+            return send(rref.owner(), message, timeout)
 
         call.__name__ = method_name
         return call

@@ -93,7 +93,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		MaxMessageSize: maxMessageSize,
 		Token:          token,
 		TLS:            tlsFiles,
-		Handlers:       map[string]core.Handler{PyMethod: queueHandler{a}},
+		Handlers:       map[string]core.Handler{pyMethod: queueHandler{a}},
 		OnRRefDropped: func(id wire.RRefID) {
 			a.post(&Event{kind: EventRRefDropped, rref: id})
 		},
@@ -146,15 +146,6 @@ func (a *Agent) WorkerName(id int) string {
 		return ""
 	}
 	return ws[id].Name
-}
-
-// WorkerID is the id of the worker called name, or -1 if there is none.
-func (a *Agent) WorkerID(name string) int {
-	w, ok := a.agent.Worker(name)
-	if !ok {
-		return -1
-	}
-	return w.ID
 }
 
 // Closed reports whether the agent's shutdown is complete.

@@ -77,18 +77,18 @@ func (c *Call) Result() *Segments {
 	return s
 }
 
-// Call sends the message whose nseg segments the table at table names to worker to. A
-// message of at least the chunk size is sent from Python's memory in place: Python keeps the
-// buffers alive and unchanged until Wait reports the call done. A positive notifyID is queued
-// for NextEvent when the call completes. timeoutMs <= 0 means no deadline.
-func (a *Agent) Call(to int, table uintptr, nseg int, timeoutMs int, notifyID int64) (c *Call, err error) {
+// Call sends the message whose nseg segments the table at table names to worker to. With
+// borrow it is sent from Python's memory in place, and Python keeps the buffers alive and
+// unchanged until Wait reports the call done; without it Go copies them before returning.
+// A positive notifyID is queued for NextEvent when the call completes. timeoutMs <= 0 means
+// no deadline.
+func (a *Agent) Call(to int, table uintptr, nseg int, borrow bool, timeoutMs int, notifyID int64) (c *Call, err error) {
 	defer recovered(&err)
 	ctx, cancel := context.Background(), context.CancelFunc(func() {})
 	if timeoutMs > 0 {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 	}
-	borrow := tableSize(table, nseg) >= BorrowThreshold
-	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, PyMethod, segments(table, nseg, borrow))}
+	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, pyMethod, segments(table, nseg, borrow))}
 	c.future.AfterDone(func() {
 		cancel()
 		if notifyID <= 0 {

@@ -1,10 +1,6 @@
 package pybind
 
-import (
-	"context"
-
-	"github.com/tensorplay/tensorplay-rpc/core/wire"
-)
+import "github.com/tensorplay/tensorplay-rpc/core/wire"
 
 // Event kinds.
 const (
@@ -29,12 +25,6 @@ func (e *Event) Kind() int { return e.kind }
 // NotifyID is the notifyID of the completed call.
 func (e *Event) NotifyID() int64 { return e.notifyID }
 
-// RRefCreator and RRefLocal are the id of the dropped RRef.
-func (e *Event) RRefCreator() int { return e.rref.Creator }
-
-// RRefLocal: see RRefCreator.
-func (e *Event) RRefLocal() int64 { return e.rref.Local }
-
 // post queues an event without blocking the goroutine that found it.
 func (a *Agent) post(e *Event) {
 	select {
@@ -49,24 +39,3 @@ func (a *Agent) post(e *Event) {
 func (a *Agent) NextEvent(timeoutMs int) *Event {
 	return receive(a.events, timeoutMs, a.shutdownDone)
 }
-
-// NewLocalID returns a number no other RRef or fork id made by this worker has; with this
-// worker's id it names an RRef or a fork.
-func (a *Agent) NewLocalID() int64 { return a.agent.NewRRefID().Local }
-
-// AddFork registers a fork of an RRef with its owner before the message carrying it is sent
-// (see core.Agent.AddFork).
-func (a *Agent) AddFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64, holder int) (err error) {
-	defer recovered(&err)
-	return a.agent.AddFork(context.Background(), owner,
-		wire.RRefID{Creator: rrefCreator, Local: rrefLocal}, wire.ForkID{Creator: forkCreator, Local: forkLocal}, holder)
-}
-
-// ReleaseFork tells the owner this worker dropped a fork; it does not block.
-func (a *Agent) ReleaseFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64) (err error) {
-	defer recovered(&err)
-	return a.agent.ReleaseFork(owner, wire.RRefID{Creator: rrefCreator, Local: rrefLocal}, wire.ForkID{Creator: forkCreator, Local: forkLocal})
-}
-
-// OwnedRRefs is the number of RRefs this worker owns that are referenced somewhere.
-func (a *Agent) OwnedRRefs() int { return a.agent.OwnedRRefs() }

@@ -1,14 +1,29 @@
 // Package pybind is the only cgo boundary of tensorplay-rpc: the Go agent as gopy wraps it
-// into the CPython extension tensorplay_rpc._native.
+// into the CPython extension tensorplay_rpc._native. One Python module, tensorplay_rpc._agent,
+// calls it; everything it exports is used there. One file per concept: the agent and its
+// start and shutdown (agent.go), outgoing calls (call.go), incoming requests (request.go),
+// received messages (segments.go), events (events.go), RRef bookkeeping (rref.go).
 //
-// Only ints, floats, bools, strings and pointers to opaque structs cross it (see DESIGN.md).
+// What gopy can carry safely shapes the whole API:
+//   - Only int, int64, float64, bool, string, pointers to structs with methods, and (T, error)
+//     results cross. Slices and []byte become handles copied element by element, maps,
+//     channels and funcs do not work, and a Go error arrives as RuntimeError(message), so
+//     Python maps errors by a stable kind (the Status constants), never by their text.
+//   - A Go panic would abort the whole Python process: every exported function with an error
+//     result recovers a panic into that error (recovered).
+//   - Go never calls Python (gopy callbacks crash when called from goroutines): Python threads
+//     pull requests and events with calls that block for at most a given number of
+//     milliseconds, and gopy releases the GIL around every call, so Ctrl-C still reaches Python
+//     between two such calls.
+//
 // Byte buffers cross as (address, length) pairs: Python passes a table of uint64 pairs naming
-// its buffers. Go copies a small message before returning and sends a big one (BorrowThreshold
-// and more) from Python's memory in place, which Python keeps until the call is done. A big
-// message coming in is lent to Python in the pooled buffer it arrived in (Segments.Lend);
-// a small one Python copies into objects it allocates. Go never calls into Python: Python
-// threads pull requests and events with calls that block for at most a given number of
-// milliseconds (agent.go, request.go, events.go, call.go), so Ctrl-C still reaches Python.
+// its buffers. Python alone decides whether a message is borrowed in place (it passes borrow to
+// Agent.Call and Request.Reply, from the message size and BorrowThreshold): with borrow Go
+// sends from Python's memory, which Python keeps alive and unchanged until the call is done
+// (Call.Wait) or Reply returns; without it Go copies before returning. Go never re-derives
+// the decision, so the two sides cannot disagree about who owns the memory. A big message
+// coming in is lent to Python in the pooled buffer it arrived in (Segments.Lend, Agent.Return);
+// a small one Python copies into objects it allocates.
 package pybind
 
 import (
@@ -21,15 +36,16 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 )
 
-// PyMethod is the method every Python-level message is sent to; Python reads its kind from
+// pyMethod is the method every Python-level message is sent to; Python reads its kind from
 // the payload.
-const PyMethod = "py"
+const pyMethod = "py"
 
-// BorrowThreshold is the message size from which Go sends Python's memory in place instead of
-// copying it, and lends received messages' memory to Python.
+// BorrowThreshold is the message size from which Python has Go send its memory in place
+// instead of copying it: the chunk size, since a message of one chunk or less is copied into
+// a frame anyway.
 const BorrowThreshold = core.DefaultChunkSize
 
-// Call statuses, the stable error kinds Python maps to exception types.
+// Call statuses, the stable error kinds Python maps to exception types (each has its own).
 const (
 	StatusOK = iota
 	StatusRemoteError
@@ -107,18 +123,4 @@ func segments(table uintptr, n int, borrow bool) core.Message {
 		m.Buffers = append(m.Buffers, read(i))
 	}
 	return m
-}
-
-// tableSize is the number of bytes the table names.
-func tableSize(table uintptr, n int) int {
-	if n <= 0 {
-		return 0
-	}
-	total := 0
-	for i, v := range unsafe.Slice((*uint64)(pythonMemory(table)), 2*n) {
-		if i%2 == 1 {
-			total += int(v)
-		}
-	}
-	return total
 }

@@ -56,17 +56,13 @@ type Request struct {
 // Valid reports whether the request is real (gopy turns a nil *Request into an empty one).
 func (r *Request) Valid() bool { return r != nil && r.call != nil }
 
-// CallerName is the calling worker's name.
-func (r *Request) CallerName() string { return r.call.Caller.Name }
-
 // CallerID is the calling worker's id.
 func (r *Request) CallerID() int { return r.call.Caller.ID }
 
-// Reply sends the message the table names back to the caller. A big reply is sent from
-// Python's memory in place, so Reply returns only once it is sent.
-func (r *Request) Reply(table uintptr, nseg int) (err error) {
+// Reply sends the message the table names back to the caller. With borrow it is sent from
+// Python's memory in place, so Reply returns only once it is sent; without it Go copies it.
+func (r *Request) Reply(table uintptr, nseg int, borrow bool) (err error) {
 	defer recovered(&err)
-	borrow := tableSize(table, nseg) >= BorrowThreshold
 	sent := r.call.Reply(segments(table, nseg, borrow))
 	if borrow {
 		<-sent

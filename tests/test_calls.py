@@ -39,6 +39,8 @@ def test_errors_reach_the_caller():
     assert out["unknown_id"] == (RuntimeError, "name:worker0,rank:0 could not find destination id 7")
     assert out["unknown_info"][0] is RuntimeError and "ghost" in out["unknown_info"][1]
     assert out["unknown_info_lookup"][0] is RuntimeError and "nobody" in out["unknown_info_lookup"][1]
+    exc_type, msg = out["unknown_in_go"]
+    assert exc_type is RuntimeError and "could not find destination worker ghost" in msg and "not a worker" in msg
     assert out["not_callable"] == (TypeError, "function should be callable.")
     assert out["bad_to"][0] is TypeError
     assert out["unpicklable_arg"][0] is TypeError and "lock" in out["unpicklable_arg"][1]

@@ -176,12 +176,25 @@ class _CallFuture(Future):
                 return None, RemoteException.decode(payload).to_exception()
             except Exception:
                 return None, RuntimeError(f"On worker {self._dest}: {go_call.ErrorMessage()}")
-        if status == _go.StatusTimeout:
-            return None, RuntimeError(
-                f"RPC ran for more than set timeout ({self._timeout_ms} ms) and will now be marked "
-                f"with an error: the call to worker {self._dest} timed out"
-            )
-        return None, RuntimeError(go_call.ErrorMessage())
+        text = _CALL_ERRORS.get(status, "{message}")
+        return None, RuntimeError(text.format(dest=self._dest, timeout_ms=self._timeout_ms, message=go_call.ErrorMessage()))
+
+
+# What a failed call raises, by Go status (pybind's Status*; OK and RemoteError are handled
+# apart). RuntimeError throughout, as torch raises; the text says which failure it was.
+# Go's own messages already name the worker for a lost peer and a shutdown.
+_CALL_ERRORS: Dict[int, str] = {
+    _go.StatusTimeout: (
+        "RPC ran for more than set timeout ({timeout_ms} ms) and will now be marked with an error: "
+        "the call to worker {dest} timed out"
+    ),
+    _go.StatusPeerLost: "{message}",
+    _go.StatusUnknownWorker: "could not find destination worker {dest}: {message}",
+    _go.StatusShutdown: "{message}",
+    _go.StatusNoHandler: "worker {dest} does not serve Python calls: {message}",
+    _go.StatusCanceled: "the call to worker {dest} was canceled: {message}",
+    _go.StatusOther: "{message}",
+}
 
 
 def _confirm_creation(created: Future) -> None:
@@ -282,9 +295,11 @@ class PythonAgent:
             with self._pending_lock:
                 self._pending[notify_id] = fut
         table = SegmentTable(segments)
+        # Decided here only, and Go obeys: a big message is sent from Python's memory in place,
+        # so its buffers must live until the call is done.
         borrowed = table.size >= _go.BorrowThreshold
         try:
-            go_call = self._go_agent.Call(dest.id, table.address, table.count, timeout_ms, notify_id)
+            go_call = self._go_agent.Call(dest.id, table.address, table.count, borrowed, timeout_ms, notify_id)
         except BaseException:
             table.release()
             if notify:
@@ -426,7 +441,8 @@ class PythonAgent:
             return
         table = SegmentTable(segments)
         try:
-            go_request.Reply(table.address, table.count)
+            # A borrowed reply is sent before Reply returns, so the table is released after.
+            go_request.Reply(table.address, table.count, table.size >= _go.BorrowThreshold)
         finally:
             table.release()
 

@@ -2,9 +2,10 @@
 copies: tables naming Python buffers, uninitialised objects for Go to fill, and views of
 memory Go lends. Nothing here calls Go; the agent module (``_agent``) does.
 
-Outgoing, Python hands Go a table of uint64 pairs naming its buffers. Go copies a small
-message before the call returns; a big one (at least ``BorrowThreshold`` bytes) it sends from
-Python's memory in place, so Python keeps the table, and with it the buffers, until Go is done.
+Outgoing, Python hands Go a table of uint64 pairs naming its buffers. The agent decides, from
+the table's ``size``, whether Go copies the message before the call returns or (at least
+``BorrowThreshold`` bytes) sends it from Python's memory in place; then Python keeps the table,
+and with it the buffers, until Go is done.
 
 Incoming, a big message arrives in one Go buffer that Go lends to Python: Python's buffers are
 views of that memory, handed back when the last view dies. A small message is copied into

@@ -5,6 +5,7 @@ import threading
 import time
 
 import tensorplay_rpc as rpc
+from tensorplay_rpc import _agent
 
 from .common import ForgedRRef, add, error_of, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
 
@@ -55,6 +56,9 @@ def errors(rank, world_size):
         out["unknown_id"] = error_of(lambda: rpc.rpc_sync(7, add, args=(1, 2)))
         out["unknown_info"] = error_of(lambda: rpc.rpc_sync(rpc.WorkerInfo("ghost", 1), add, args=(1, 2)))
         out["unknown_info_lookup"] = error_of(lambda: rpc.get_worker_info("nobody"))
+        # The API refuses unknown destinations itself; past it, Go's verdict maps the same way.
+        call = _agent.function_call(add, (1, 2), None)
+        out["unknown_in_go"] = error_of(lambda: _agent.require_agent().rpc_sync(rpc.WorkerInfo("ghost", 7), call, -1))
         out["not_callable"] = error_of(lambda: rpc.rpc_sync("worker1", 42))
         out["bad_to"] = error_of(lambda: rpc.rpc_sync(3.5, add, args=(1, 2)))
         out["unpicklable_arg"] = error_of(lambda: rpc.rpc_sync("worker1", add, args=(threading.Lock(), 1)))

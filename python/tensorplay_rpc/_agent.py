@@ -245,7 +245,7 @@ class PythonAgent:
     @property
     def address(self) -> str:
         """The "host:port" this worker listens on for its peers (private: for tests)."""
-        return self.native.Addr()
+        return self._go_agent.Addr()
 
     # -- outgoing calls -------------------------------------------------------------------
 

@@ -174,23 +174,10 @@ func TestBigMessagesWaitForTheReceiveBudget(t *testing.T) {
 	c := coretest.Start(t, cfgs)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	stop := make(chan struct{})
-	var peak int64
-	var sampled sync.WaitGroup
-	sampled.Add(1)
-	go func() {
-		defer sampled.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Microsecond):
-			}
-			if inUse, _ := c.Agents[3].ReceiveMemory(); inUse > peak {
-				peak = inUse
-			}
-		}
-	}()
+	peakInUse := coretest.Peak(100*time.Microsecond, func() int64 {
+		inUse, _ := c.Agents[3].ReceiveMemory()
+		return inUse
+	})
 	var wg sync.WaitGroup
 	errs := make(chan error, 30)
 	for i := 0; i < 3; i++ {
@@ -210,8 +197,7 @@ func TestBigMessagesWaitForTheReceiveBudget(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	close(stop)
-	sampled.Wait()
+	peak := peakInUse()
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)

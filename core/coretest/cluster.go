@@ -122,3 +122,28 @@ func (c *Cluster) Close() {
 		}
 	}
 }
+
+// Peak samples sample every interval until the returned stop is called, which returns the
+// highest value seen.
+func Peak(interval time.Duration, sample func() int64) (stop func() int64) {
+	done := make(chan struct{})
+	result := make(chan int64)
+	go func() {
+		var peak int64
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			peak = max(peak, sample())
+			select {
+			case <-done:
+				result <- max(peak, sample())
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		return <-result
+	}
+}

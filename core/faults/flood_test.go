@@ -60,24 +60,7 @@ func TestAFloodOfCallsIsBounded(t *testing.T) {
 	defer cancel()
 
 	baseGoroutines := runtime.NumGoroutine()
-	var peakGoroutines atomic.Int64
-	sampling := make(chan struct{})
-	var sampled sync.WaitGroup
-	sampled.Add(1)
-	go func() {
-		defer sampled.Done()
-		for {
-			select {
-			case <-sampling:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if n := int64(runtime.NumGoroutine()); n > peakGoroutines.Load() {
-				peakGoroutines.Store(n)
-			}
-		}
-	}()
-
+	peakGoroutines := coretest.Peak(5*time.Millisecond, func() int64 { return int64(runtime.NumGoroutine()) })
 	var answered, wrong atomic.Int64
 	errs := make(chan error, callers)
 	var wg sync.WaitGroup
@@ -114,8 +97,7 @@ func TestAFloodOfCallsIsBounded(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(sampling)
-	sampled.Wait()
+	goroutines := peakGoroutines()
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
@@ -129,8 +111,8 @@ func TestAFloodOfCallsIsBounded(t *testing.T) {
 	// Without the bound a flooded worker has a goroutine per call its callers sent (here up to
 	// 3 x 4096); with it, one per call in service, and as many again ending while new ones
 	// start.
-	if peak := peakGoroutines.Load(); peak > int64(baseGoroutines+2*callers*servedLimit+200) {
+	if peak := goroutines; peak > int64(baseGoroutines+2*callers*servedLimit+200) {
 		t.Fatalf("goroutines peaked at %d (from %d before the flood)", peak, baseGoroutines)
 	}
-	t.Logf("peak in service %d, peak goroutines %d (base %d)", h.peak.Load(), peakGoroutines.Load(), baseGoroutines)
+	t.Logf("peak in service %d, peak goroutines %d (base %d)", h.peak.Load(), goroutines, baseGoroutines)
 }

@@ -97,6 +97,7 @@ type Agent struct {
 	chunkSize          int
 	receiveBudget      *receiveBudget
 	maxServedPerCaller int
+	served             []chan struct{} // by caller rank: a slot per call of it being served
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -215,9 +216,11 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 	a.workers = workers
 	a.byName = make(map[string]int, len(workers))
 	a.peers = make([]*peer, len(workers))
+	a.served = make([]chan struct{}, len(workers))
 	for id, w := range workers {
 		a.byName[w.Name] = id
 		a.peers[id] = &peer{agent: a, info: w}
+		a.served[id] = make(chan struct{}, a.maxServedPerCaller)
 	}
 	close(a.ready)
 	go a.sendReleases()

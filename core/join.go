@@ -21,6 +21,11 @@ func join(ctx context.Context, store rendezvous.Store, self WorkerInfo, worldSiz
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrRendezvous, err)
 	}
+	// The records come from the store and from every worker: check them before the agent
+	// indexes anything by them.
+	if len(values) != worldSize {
+		return nil, fmt.Errorf("%w: the store returned %d worker records for a world of %d", ErrRendezvous, len(values), worldSize)
+	}
 	workers := make([]WorkerInfo, worldSize)
 	byName := map[string]int{}
 	for rank, v := range values {
@@ -28,6 +33,12 @@ func join(ctx context.Context, store rendezvous.Store, self WorkerInfo, worldSiz
 			return nil, fmt.Errorf("%w: rank %d sent a bad worker record: %w", ErrRendezvous, rank, err)
 		}
 		w := workers[rank]
+		if w.ID != rank {
+			return nil, fmt.Errorf("%w: rank %d registered as rank %d", ErrRendezvous, rank, w.ID)
+		}
+		if err := ValidateName(w.Name); err != nil {
+			return nil, fmt.Errorf("%w: rank %d: %w", ErrRendezvous, rank, err)
+		}
 		if other, dup := byName[w.Name]; dup {
 			return nil, fmt.Errorf("%w: duplicate worker name %q (ranks %d and %d)", ErrRendezvous, w.Name, other, rank)
 		}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
@@ -35,6 +37,15 @@ type reassembler struct {
 	messages map[uint64]*inMessage
 	// inProgress is the bytes announced by the messages being received on this stream.
 	inProgress int64
+
+	// active is when the last frame arrived (unix nanoseconds), and holds counts the waits of
+	// this worker's own making that keep the stream from being read: the receive budget can
+	// take memory back only from a stream that is silent by its sender's doing.
+	active atomic.Int64
+	holds  atomic.Int32
+	// mu guards the memory of messages (buf, writing, evicted) against the budget's eviction,
+	// which runs on another stream's goroutine.
+	mu sync.Mutex
 }
 
 type inMessage struct {
@@ -45,10 +56,46 @@ type inMessage struct {
 	received int64
 	refused  bool         // over a limit: its chunks are read and dropped
 	res      *reservation // its memory in the receive budget
+	writing  bool         // a decoder is writing a chunk into buf
+	evicted  bool         // the budget took its memory back: the stream is to be dropped
 }
 
 func newReassembler(ctx context.Context, maxSize int64, budget *receiveBudget, peer string) *reassembler {
-	return &reassembler{maxSize: maxSize, budget: budget, ctx: ctx, peer: peer, messages: map[uint64]*inMessage{}}
+	r := &reassembler{maxSize: maxSize, budget: budget, ctx: ctx, peer: peer, messages: map[uint64]*inMessage{}}
+	r.active.Store(time.Now().UnixNano())
+	return r
+}
+
+// hold marks a wait of this worker's own making, while which the stream is not read; the
+// returned function ends it.
+func (r *reassembler) hold() (unhold func()) {
+	r.holds.Add(1)
+	return func() {
+		r.active.Store(time.Now().UnixNano())
+		r.holds.Add(-1)
+	}
+}
+
+// stalled implements holder.
+func (r *reassembler) stalled(stale int64) bool {
+	return r.holds.Load() == 0 && r.active.Load() < stale
+}
+
+// evictor returns m's eviction: its memory goes back, unless a chunk is being written into it.
+func (r *reassembler) evictor(m *inMessage) func() bool {
+	return func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if m.writing {
+			return false
+		}
+		m.evicted = true
+		if m.buf != nil {
+			pool.Put(m.buf)
+			m.buf = nil
+		}
+		return true
+	}
 }
 
 // errProtocol marks frames no honest peer sends; the stream that carried them is dropped.
@@ -60,6 +107,7 @@ var errProtocol = errors.New("protocol violation")
 // receive budget), whose chunks it drops. err is a protocol violation: the stream must end.
 // add may wait for room in the receive budget.
 func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused error, err error) {
+	r.active.Store(time.Now().UnixNano())
 	switch f.Kind {
 	case wire.FrameChunk:
 		fr, msg, err = r.chunk(f)
@@ -105,16 +153,18 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 	case total > r.budget.limit:
 		refused = fmt.Errorf("%w: it carries %d bytes, more than this worker's %d-byte receive budget", ErrTooLarge, total, r.budget.limit)
 	default:
-		if r.inProgress > 0 {
-			// A message sent in turns with one under way must not wait for that one's memory:
-			// it may take a window's worth over the budget.
-			m.res = r.budget.tryReserve(total, interleaveWindow, r.peer)
-		}
-		if m.res == nil {
-			if m.res, err = r.budget.reserve(r.ctx, total, r.peer); err != nil {
+		res := &reservation{n: total, peer: r.peer, holder: r, evict: r.evictor(m)}
+		// A message sent in turns with one under way must not wait for that one's memory: it
+		// may take a window's worth over the budget.
+		if r.inProgress == 0 || !r.budget.tryReserve(res, interleaveWindow) {
+			unhold := r.hold()
+			err := r.budget.reserve(r.ctx, res)
+			unhold()
+			if err != nil {
 				return nil, Message{}, nil, err
 			}
 		}
+		m.res = res
 	}
 	m.refused = refused != nil
 	r.messages[f.ID] = m
@@ -136,16 +186,28 @@ func (r *reassembler) place(id uint64, offset int64, n int) (*inMessage, error) 
 	if m == nil {
 		return nil, fmt.Errorf("%w: chunk of unknown message %d", errProtocol, id)
 	}
-	if offset < 0 || n < 0 || offset > m.total || int64(n) > m.total-offset || int64(n) > m.total-m.received {
+	if offset < 0 || n < 0 || offset > m.total || int64(n) > m.total-offset {
 		return nil, fmt.Errorf("%w: chunk of message %d at %d+%d lies outside its %d bytes", errProtocol, id, offset, n, m.total)
 	}
-	if m.res != nil && m.res.evicted.Load() {
-		return nil, fmt.Errorf("%w: message %d stalled while holding receive budget others needed", errProtocol, id)
+	// Writers send a message's chunks in order. Anything else could leave parts of a pooled
+	// buffer unwritten, and those hold an earlier message's bytes.
+	if offset != m.received {
+		return nil, fmt.Errorf("%w: chunk of message %d at %d, but %d bytes have arrived", errProtocol, id, offset, m.received)
+	}
+	return m, nil
+}
+
+// claim readies m's memory for a chunk (allocating it at the first) and marks it being
+// written, so the budget cannot take it back meanwhile; r.mu is held.
+func (r *reassembler) claim(id uint64, m *inMessage) error {
+	if m.evicted {
+		return fmt.Errorf("%w: message %d stalled while holding receive budget others needed", errProtocol, id)
 	}
 	if !m.refused && m.buf == nil {
 		m.buf = pool.Get(int(m.total))
 	}
-	return m, nil
+	m.writing = !m.refused
+	return nil
 }
 
 // dest is the memory a chunk of message id at offset, n bytes long, belongs in; nil with ok
@@ -154,6 +216,11 @@ func (r *reassembler) place(id uint64, offset int64, n int) (*inMessage, error) 
 func (r *reassembler) dest(id uint64, offset int64, n int) (dst []byte, ok bool) {
 	m, err := r.place(id, offset, n)
 	if err != nil {
+		return nil, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.claim(id, m) != nil {
 		return nil, false
 	}
 	if m.refused {
@@ -178,14 +245,22 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 		if m, err = r.place(f.ID, f.Offset, n); err != nil {
 			return nil, Message{}, err
 		}
+		r.mu.Lock()
+		if err := r.claim(f.ID, m); err != nil {
+			r.mu.Unlock()
+			return nil, Message{}, err
+		}
 		if !m.refused {
 			copy(m.buf[f.Offset:], f.Payload)
 		}
+		m.writing = false
+		r.mu.Unlock()
+	} else {
+		r.mu.Lock()
+		m.writing = false
+		r.mu.Unlock()
 	}
 	m.received += int64(n)
-	if m.res != nil {
-		m.res.touch()
-	}
 	if m.received < m.total {
 		return nil, Message{}, nil
 	}
@@ -202,7 +277,10 @@ func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
 	if m.refused {
 		return nil, Message{}
 	}
+	r.mu.Lock()
 	buf := m.buf
+	m.buf = nil
+	r.mu.Unlock()
 	if buf == nil {
 		buf = []byte{}
 	}
@@ -236,8 +314,12 @@ func (r *reassembler) drop(id uint64, m *inMessage) {
 	delete(r.messages, id)
 	r.inProgress -= m.total
 	r.budget.free(m.res)
-	if m.buf != nil {
-		pool.Put(m.buf)
+	r.mu.Lock()
+	buf := m.buf
+	m.buf = nil
+	r.mu.Unlock()
+	if buf != nil {
+		pool.Put(buf)
 	}
 }
 

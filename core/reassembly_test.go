@@ -37,7 +37,13 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 		{name: "more bytes than announced", wantErr: errProtocol, frames: []*wire.Frame{
 			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{4}},
 			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2}},
-			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2, 3}}}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 2, Payload: []byte{1, 2, 3}}}},
+		// Overlapping chunks would leave part of a pooled buffer, an earlier message's bytes,
+		// unwritten.
+		{name: "a chunk sent twice", wantErr: errProtocol, frames: []*wire.Frame{
+			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{4}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2}},
+			{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1, 2}}}},
 		{name: "a negative size", wantErr: errProtocol, frames: []*wire.Frame{
 			{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{8, -4}}}},
 		{name: "over the message limit", wantRefused: "1048576-byte limit", frames: []*wire.Frame{
@@ -93,8 +99,8 @@ func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
 			t.Errorf("dest(%d, %d) = %d bytes, want a refusal", c.offset, c.n, len(dst))
 		}
 	}
-	if dst, ok := r.dest(1, 90, 10); !ok || len(dst) != 10 {
-		t.Errorf("dest(90, 10) = %d bytes, %v; want the last 10 bytes", len(dst), ok)
+	if dst, ok := r.dest(1, 0, 10); !ok || len(dst) != 10 {
+		t.Errorf("dest(0, 10) = %d bytes, %v; want the first 10 bytes", len(dst), ok)
 	}
 }
 
@@ -120,56 +126,47 @@ func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 // returned, or until its context ends; one bigger than the whole budget fails at once.
 func TestReceiveBudgetWaitsForRoom(t *testing.T) {
 	b := newReceiveBudget(100, slog.Default())
-	b.idleLimit = time.Hour // this test is not about stalled holders
-	first, err := b.reserve(context.Background(), 80, "first")
-	if err != nil {
+	first := &reservation{n: 80, peer: "first"}
+	if err := b.reserve(context.Background(), first); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		r   *reservation
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		r, err := b.reserve(context.Background(), 50, "second")
-		got <- result{r, err}
-	}()
+	got := make(chan error, 1)
+	go func() { got <- b.reserve(context.Background(), &reservation{n: 50, peer: "second"}) }()
 	select {
-	case res := <-got:
-		t.Fatalf("a reservation over the budget did not wait: %v", res.err)
+	case err := <-got:
+		t.Fatalf("a reservation over the budget did not wait: %v", err)
 	case <-time.After(50 * time.Millisecond): // a negative check: it must still be waiting
 	}
 	b.free(first)
 	select {
-	case res := <-got:
-		if res.err != nil {
-			t.Fatal(res.err)
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reservation was not woken when memory came back")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		r, err := b.reserve(ctx, 60, "third")
-		got <- result{r, err}
-	}()
+	go func() { got <- b.reserve(ctx, &reservation{n: 60, peer: "third"}) }()
 	cancel()
-	if res := <-got; !errors.Is(res.err, context.Canceled) {
-		t.Fatalf("err = %v, want the wait to end with its context", res.err)
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want the wait to end with its context", err)
 	}
-	if _, err := b.reserve(context.Background(), 101, "huge"); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
+	if err := b.reserve(context.Background(), &reservation{n: 101, peer: "huge"}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
 		t.Fatalf("err = %v, want ErrTooLarge naming the budget", err)
 	}
 }
 
-// TestStalledMessagesLoseTheirBudget: a message that holds budget and receives no chunk for
-// the idle limit while another waits loses its memory (and its stream is dropped at its next
-// frame), so a peer that announces big messages and sends nothing cannot starve the others.
-func TestStalledMessagesLoseTheirBudget(t *testing.T) {
+// TestStalledStreamsLoseTheirMemory: a stream that holds budget (and memory: it sent a first
+// chunk) and then says nothing while another waits loses its messages' memory, really freed,
+// and is dropped at its next frame; so a peer that announces big messages and goes silent
+// cannot starve the others, nor make this worker hold more than its budget.
+func TestStalledStreamsLoseTheirMemory(t *testing.T) {
 	b := newReceiveBudget(1<<20, slog.Default())
 	b.idleLimit = 100 * time.Millisecond
 	hog := newReassembler(context.Background(), 1<<20, b, "hog")
-	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 20}}); err != nil {
+	hog.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 20}})
+	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 64<<10)}); err != nil {
 		t.Fatal(err)
 	}
 	honest := newReassembler(context.Background(), 1<<20, b, "honest")
@@ -179,7 +176,10 @@ func TestStalledMessagesLoseTheirBudget(t *testing.T) {
 	if _, _, _, err := honest.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 19}}); err != nil {
 		t.Fatalf("the honest message never got the budget the stalled one held: %v", err)
 	}
-	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: []byte{1}}); !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), "stalled") {
+	if hog.messages[1].buf != nil {
+		t.Fatal("the stalled message's memory was not freed with its budget")
+	}
+	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Offset: 64 << 10, Payload: []byte{1}}); !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), "stalled") {
 		t.Fatalf("the stalled stream's next chunk: err = %v, want it dropped", err)
 	}
 	hog.close()
@@ -187,6 +187,29 @@ func TestStalledMessagesLoseTheirBudget(t *testing.T) {
 	if used := b.inUse(); used != 0 {
 		t.Fatalf("%d bytes still reserved", used)
 	}
+}
+
+// TestAStreamWaitingForBudgetKeepsItsOwnMessages: a stream with a message under way that waits
+// for room for another is silent by this worker's doing: its own waiting must not take its
+// message's memory away (nor anyone's, once they are held up by this worker).
+func TestAStreamWaitingForBudgetKeepsItsOwnMessages(t *testing.T) {
+	b := newReceiveBudget(1<<20, slog.Default())
+	b.idleLimit = 50 * time.Millisecond
+	s := newReassembler(context.Background(), 1<<20, b, "busy")
+	s.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 20}})
+	// Another message in turns would need overdraft beyond what is left: it waits.
+	b.used += interleaveWindow
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	s.ctx = ctx
+	if _, _, _, err := s.add(&wire.Frame{Kind: wire.FrameRequest, ID: 2, Sizes: []int64{1 << 10}}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the wait to run out", err)
+	}
+	if s.messages[1].evicted {
+		t.Fatal("a stream's own wait for budget took its message's memory")
+	}
+	b.used -= interleaveWindow
+	s.close()
 }
 
 func TestTruncateTextKeepsHeadAndTail(t *testing.T) {

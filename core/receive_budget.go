@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -40,10 +39,11 @@ func receiveBudgetFromEnv(getenv func(string) string) (int64, error) {
 	return n, nil
 }
 
-// idleReservationLimit is how long a message may hold receive budget without a chunk arriving
-// while another waits for room: an honest sender's chunks arrive every few milliseconds, so a
-// message that stalls that long is starving the others (a peer that announces big messages
-// and sends nothing would otherwise hold the budget for as long as it likes).
+// idleReservationLimit is how long a stream holding receive budget may go without a single
+// frame, while another waits for room and this worker is not itself holding the stream up,
+// before its messages lose their memory. An honest sender's frames arrive every few
+// milliseconds; a peer that announces big messages and then says nothing would otherwise hold
+// the budget for as long as it likes.
 const idleReservationLimit = 2 * time.Second
 
 // receiveBudget bounds the memory of big messages being reassembled, across every stream of
@@ -60,37 +60,39 @@ type receiveBudget struct {
 	changed chan struct{} // closed and replaced whenever memory is returned
 }
 
+// holder is the stream a reservation's message arrives on.
+type holder interface {
+	// stalled reports whether the stream has had no frame since stale (unix nanoseconds)
+	// and is not being held up by this worker.
+	stalled(stale int64) bool
+}
+
 // reservation is the budget one message holds while it is received.
 type reservation struct {
 	n      int64
 	peer   string
-	active atomic.Int64 // when a chunk last arrived (unix nanoseconds)
-	// evicted is set when the budget took the memory back from a stalled message; the stream
-	// that carries it is dropped at its next frame.
-	evicted atomic.Bool
+	holder holder
+	// evict frees the message's memory and marks it so its stream is dropped at its next
+	// frame; it reports false if it cannot now (a chunk is being written into it).
+	evict func() bool
 }
-
-// touch records that a chunk of the reserved message arrived.
-func (r *reservation) touch() { r.active.Store(time.Now().UnixNano()) }
 
 func newReceiveBudget(limit int64, log *slog.Logger) *receiveBudget {
 	return &receiveBudget{limit: limit, idleLimit: idleReservationLimit, log: log, holders: map[*reservation]struct{}{}, changed: make(chan struct{})}
 }
 
-// reserve takes n bytes for a message from peer, waiting until they fit or ctx ends. While it
-// waits, messages that hold memory and have stalled past the idle limit lose it.
-func (b *receiveBudget) reserve(ctx context.Context, n int64, peer string) (*reservation, error) {
-	if n > b.limit {
-		return nil, fmt.Errorf("%w: %d bytes are more than this worker's whole %d-byte receive budget", ErrTooLarge, n, b.limit)
+// reserve takes n bytes for r, waiting until they fit or ctx ends. While it waits, messages of
+// streams that have stalled past the idle limit lose their memory.
+func (b *receiveBudget) reserve(ctx context.Context, r *reservation) error {
+	if r.n > b.limit {
+		return fmt.Errorf("%w: %d bytes are more than this worker's whole %d-byte receive budget", ErrTooLarge, r.n, b.limit)
 	}
 	var tick <-chan time.Time
 	for {
-		if r := b.tryReserve(n, 0, peer); r != nil {
-			return r, nil
+		ok, changed := b.take(r, 0)
+		if ok {
+			return nil
 		}
-		b.mu.Lock()
-		changed := b.changed
-		b.mu.Unlock()
 		if tick == nil {
 			t := time.NewTicker(b.idleLimit / 4)
 			defer t.Stop()
@@ -99,29 +101,34 @@ func (b *receiveBudget) reserve(ctx context.Context, n int64, peer string) (*res
 		select {
 		case <-changed:
 		case <-tick:
-			b.evictIdle()
+			b.evictStalled()
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }
 
-// tryReserve takes n bytes for a message from peer if they fit at once, or if they fit within
-// overdraft bytes over the limit; it returns nil if they do not.
-func (b *receiveBudget) tryReserve(n, overdraft int64, peer string) *reservation {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if n > b.limit+overdraft-b.used {
-		return nil
-	}
-	b.used += n
-	r := &reservation{n: n, peer: peer}
-	r.touch()
-	b.holders[r] = struct{}{}
-	return r
+// tryReserve takes n bytes for r if they fit at once, or within overdraft bytes over the limit.
+func (b *receiveBudget) tryReserve(r *reservation, overdraft int64) bool {
+	ok, _ := b.take(r, overdraft)
+	return ok
 }
 
-// free returns r's bytes, unless they were taken back already.
+// take is tryReserve that, when the bytes do not fit, returns the channel closed at the next
+// return of memory, read under the same lock so no return is missed.
+func (b *receiveBudget) take(r *reservation, overdraft int64) (bool, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.n > b.limit+overdraft-b.used {
+		return false, b.changed
+	}
+	b.used += r.n
+	b.holders[r] = struct{}{}
+	return true, nil
+}
+
+// free returns r's bytes, unless they were taken back already. It must not be called with
+// the holder's own lock held (evictStalled takes that lock under the budget's).
 func (b *receiveBudget) free(r *reservation) {
 	if r == nil {
 		return
@@ -142,17 +149,16 @@ func (b *receiveBudget) release(n int64) {
 	b.changed = make(chan struct{})
 }
 
-// evictIdle takes the memory back from messages no chunk has reached for the idle limit.
-func (b *receiveBudget) evictIdle() {
+// evictStalled takes the memory back from messages of stalled streams.
+func (b *receiveBudget) evictStalled() {
 	stale := time.Now().Add(-b.idleLimit).UnixNano()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for r := range b.holders {
-		if r.active.Load() < stale {
-			r.evicted.Store(true)
+		if r.holder != nil && r.holder.stalled(stale) && r.evict() {
 			delete(b.holders, r)
 			b.release(r.n)
-			b.log.Warn("tensorplay-rpc: took back receive budget from a message that stalled while others waited; its stream will be dropped", "peer", r.peer, "bytes", r.n, "idle_limit", b.idleLimit.String())
+			b.log.Warn("tensorplay-rpc: took back receive budget from a stream that stalled while others waited; it will be dropped", "peer", r.peer, "bytes", r.n, "idle_limit", b.idleLimit.String())
 		}
 	}
 }

@@ -193,8 +193,11 @@ func (a *Agent) flushReleases(ctx context.Context) {
 	a.releaseMu.Unlock()
 	for owner, ops := range batch {
 		c, err := a.peers[owner].connect(ctx)
-		if err == nil {
-			err = c.sendOneWay(&wire.Frame{Kind: wire.FrameRefs, Refs: ops})
+		// A frame carries at most MaxBuffersPerMessage operations; receivers refuse more.
+		for len(ops) > 0 && err == nil {
+			n := min(len(ops), wire.MaxBuffersPerMessage)
+			err = c.sendOneWay(&wire.Frame{Kind: wire.FrameRefs, Refs: ops[:n]})
+			ops = ops[n:]
 		}
 		if err != nil {
 			a.log.Debug("tensorplay-rpc: RRef releases not delivered", "owner", a.workers[owner].Name, "count", len(ops), "err", err)

@@ -48,10 +48,10 @@ func (a *Agent) serveStream(s transport.Stream) {
 	defer cancel()
 	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
 	defer writer.close(ErrShutdown)
-	// Each call being served holds a slot until its reply is sent; with none free the stream
-	// is not read, so the caller's flow control, not this worker's memory, takes up the
-	// excess.
-	slots := make(chan struct{}, a.maxServedPerCaller)
+	// Each call being served holds one of its caller's slots until its reply is sent; with
+	// none free the stream is not read, so the caller's flow control, not this worker's
+	// memory, takes up the excess.
+	slots := a.served[caller.ID] // shared by all of the caller's streams
 	freeSlot := func() { <-slots }
 	reply := func(fr *wire.Frame, msg Message) <-chan struct{} {
 		if a.closing() {
@@ -86,17 +86,23 @@ func (a *Agent) serveStream(s transport.Stream) {
 		}
 		switch fr.Kind {
 		case wire.FrameRequest:
+			// While this worker holds the stream up (no slot free, a handler pushing back), the
+			// silence is not the caller's: the receive budget must not count it against it.
+			unhold := incoming.hold()
 			select {
 			case slots <- struct{}{}:
 			case <-ctx.Done():
+				unhold()
 				msg.Release()
 				return
 			}
 			if refused != nil {
+				unhold()
 				reply(&wire.Frame{Kind: wire.FrameResponse, ID: fr.ID, Status: wire.ReplyTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
 				continue
 			}
 			a.dispatch(ctx, caller, fr, msg, reply)
+			unhold()
 		case wire.FrameRefs:
 			a.applyRefOpsFrom(caller, fr.Refs)
 		default:

@@ -64,7 +64,7 @@ func (a *Agent) drain(ctx context.Context) error {
 		return fmt.Errorf("graceful shutdown barrier: %w", err)
 	}
 	for rank, v := range values {
-		if v == nil {
+		if v == nil && rank < len(a.workers) {
 			a.noteGone(rank, "graceful shutdown did not wait for it")
 		}
 	}

@@ -191,13 +191,17 @@ func (w *frameWriter) next() (f *wire.Frame, m *outMessage, done bool, err error
 // takeLarge removes and returns the first big message that may be served now: one under way,
 // an aborted one, or one that may start. Big messages take turns only within the interleave
 // window (the receiver holds memory for every message under way); a bigger one goes alone.
+// They start in the order they were queued, so a big one is not passed forever by smaller
+// ones that fit the window.
 func (w *frameWriter) takeLarge() *outMessage {
+	blocked := false // an earlier message is waiting to start
 	for i, m := range w.large {
-		mayStart := w.underWayCount == 0 || (w.underWayCount < maxInterleaved && m.total <= interleaveWindow-w.underWay)
+		mayStart := !blocked && (w.underWayCount == 0 || (w.underWayCount < maxInterleaved && m.total <= interleaveWindow-w.underWay))
 		if m.started || m.aborted || mayStart {
 			w.large = append(w.large[:i], w.large[i+1:]...)
 			return m
 		}
+		blocked = true
 	}
 	return nil
 }

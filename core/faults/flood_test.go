@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // slowHandler is a blocking handler that runs at most executors calls at a time, as a pool of
@@ -115,4 +119,55 @@ func TestAFloodOfCallsIsBounded(t *testing.T) {
 		t.Fatalf("goroutines peaked at %d (from %d before the flood)", peak, baseGoroutines)
 	}
 	t.Logf("peak in service %d, peak goroutines %d (base %d)", h.peak.Load(), goroutines, baseGoroutines)
+}
+
+// TestCallsInServiceAreBoundedPerCallerNotPerStream: a caller that opens more streams does not
+// get more calls into service; MaxServedPerCaller counts all of its streams together.
+func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
+	release := make(chan struct{})
+	var running atomic.Int64
+	block := core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) {
+		running.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return core.Message{}, nil
+	})
+	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: map[string]core.Handler{"block": block}})
+	cfgs[1].MaxServedPerCaller = 1
+	c := coretest.Start(t, cfgs)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr, _ := grpctransport.New("", nil)
+	defer tr.Close()
+	var streams []transport.Stream
+	for i := 0; i < 2; i++ {
+		s, err := tr.Dial(ctx, c.Agents[1].Self().Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(wire.HelloFrame("w0", 0))
+		s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: uint64(i + 1), Method: "block"})
+		streams = append(streams, s)
+	}
+	// The first call is in service; the second must wait for its slot. Another caller is
+	// served meanwhile (its slots are its own).
+	if _, err := c.Agents[2].Call(ctx, "w1", "missing", core.Message{}); !errors.Is(err, core.ErrNoHandler) {
+		t.Fatalf("another caller: err = %v, want ErrNoHandler", err)
+	}
+	time.Sleep(100 * time.Millisecond) // a negative check: the second call must not start
+	if n := running.Load(); n != 1 {
+		t.Fatalf("%d calls of one caller in service over two streams, want 1", n)
+	}
+	close(release)
+	for _, s := range streams {
+		if _, err := s.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	if n := running.Load(); n != 2 {
+		t.Fatalf("%d calls ran, want both once a slot was free", n)
+	}
 }

@@ -125,7 +125,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 func (t *Transport) dialFromLocalIP(ctx context.Context, addr string) (net.Conn, error) {
 	var d net.Dialer
 	if host, _, err := net.SplitHostPort(addr); err == nil {
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() == t.localIP.IsLoopback() {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() == t.localIP.IsLoopback() && (ip.To4() == nil) == (t.localIP.To4() == nil) {
 			d.LocalAddr = &net.TCPAddr{IP: t.localIP}
 		}
 	}

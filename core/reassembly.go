@@ -71,8 +71,17 @@ func newReassembler(ctx context.Context, maxSize int64, budget *receiveBudget, p
 func (r *reassembler) hold() (unhold func()) {
 	r.holds.Add(1)
 	return func() {
-		r.active.Store(time.Now().UnixNano())
+		r.stamp()
 		r.holds.Add(-1)
+	}
+}
+
+// stamp records that the stream is active now. Only a stream with big messages under way
+// holds budget the way eviction judges, so the others, small calls among them, skip the
+// clock read.
+func (r *reassembler) stamp() {
+	if r.inProgress > 0 {
+		r.active.Store(time.Now().UnixNano())
 	}
 }
 
@@ -107,7 +116,7 @@ var errProtocol = errors.New("protocol violation")
 // receive budget), whose chunks it drops. err is a protocol violation: the stream must end.
 // add may wait for room in the receive budget.
 func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused error, err error) {
-	r.active.Store(time.Now().UnixNano())
+	r.stamp()
 	switch f.Kind {
 	case wire.FrameChunk:
 		fr, msg, err = r.chunk(f)
@@ -159,6 +168,8 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 		if r.inProgress == 0 || !r.budget.tryReserve(res, interleaveWindow) {
 			unhold := r.hold()
 			err := r.budget.reserve(r.ctx, res)
+			// Start the clock before the hold ends: the reservation is held from here on.
+			r.active.Store(time.Now().UnixNano())
 			unhold()
 			if err != nil {
 				return nil, Message{}, nil, err

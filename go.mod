@@ -5,13 +5,13 @@ go 1.26.0
 require (
 	github.com/go-python/gopy v0.4.10
 	github.com/vmihailenco/msgpack/v5 v5.4.1
+	golang.org/x/sys v0.48.0
 	google.golang.org/grpc v1.85.0
 )
 
 require (
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect

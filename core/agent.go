@@ -13,7 +13,6 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
-	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -49,8 +48,14 @@ type Config struct {
 	Token string
 	// TLS, if set, puts every connection under mutual TLS with the world's CA.
 	TLS *TLSFiles
-	// Transport carries calls; nil means a new gRPC transport (package grpctransport).
+	// Transport carries calls; nil means the transports Transports names.
 	Transport transport.Transport
+	// Transports names the transports that carry calls when Transport is nil, in order of
+	// preference: TransportSHM (shared memory, to workers on this host and network
+	// namespace) and TransportGRPC (to any worker). Empty means the environment variable
+	// TENSORPLAY_RPC_TRANSPORTS (e.g. "grpc") if set, else DefaultTransports. Workers that
+	// share no transport cannot call each other.
+	Transports []string
 	// Store is used instead of the one InitMethod names, e.g. a rendezvous.MemStore in tests.
 	Store rendezvous.Store
 	// Logger receives warnings; nil means slog.Default().
@@ -175,11 +180,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, budget, DefaultReceiveBudget(a.maxMessageSize)), a.log)
 	if a.transport == nil {
-		t, err := grpctransport.New(cfg.Token, cfg.TLS)
-		if err != nil {
+		if a.transport, err = newTransport(cfg, os.Getenv); err != nil {
 			return nil, err
 		}
-		a.transport = t
 	}
 	for m, h := range cfg.Handlers {
 		a.handlers[m] = h

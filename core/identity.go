@@ -27,7 +27,7 @@ func (a *Agent) checkIdentity(s transport.Stream, worker WorkerInfo) error {
 	if namesWorker && !slices.Contains(id.Names, worker.Name) {
 		return fmt.Errorf("a peer whose certificate names %v said it was worker %q", id.Names, worker.Name)
 	}
-	if !sameHost(id.Addr, worker.Addr) {
+	if !sameHost(id.Addr, transport.NetworkAddr(worker.Addr)) {
 		return fmt.Errorf("a peer at %s said it was worker %q, registered at %s", id.Addr, worker.Name, worker.Addr)
 	}
 	return nil

@@ -36,8 +36,10 @@ type Starter struct {
 // BeginStart starts joining the world and returns at once; Wait reports when the join is
 // over, Agent returns its outcome, and Cancel abandons it (as on Ctrl-C). maxMessageSize
 // bounds each message sent or received (0: the default); a non-empty token is the world's
-// shared secret; non-empty certFile, keyFile and caFile put the world under mutual TLS.
-func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile string) *Starter {
+// shared secret; non-empty certFile, keyFile and caFile put the world under mutual TLS;
+// transports names the transports in order of preference, comma-separated ("" for the
+// default: shared memory on this host, gRPC to the others).
+func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile, transports string) *Starter {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Starter{done: make(chan struct{}), cancel: cancel}
 	go func() {
@@ -47,7 +49,13 @@ func BeginStart(name string, rank, worldSize int, initMethod string, initTimeout
 		if certFile != "" || keyFile != "" || caFile != "" {
 			tlsFiles = &core.TLSFiles{Cert: certFile, Key: keyFile, CA: caFile}
 		}
-		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles)
+		var names []string
+		if transports != "" {
+			if names, s.err = core.ParseTransports(transports); s.err != nil {
+				return
+			}
+		}
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles, names)
 	}()
 	return s
 }
@@ -80,7 +88,7 @@ func (s *Starter) Agent() (*Agent, error) {
 	return s.agent, s.err
 }
 
-func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles) (*Agent, error) {
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports []string) (*Agent, error) {
 	a := &Agent{
 		requests:     make(chan *Request, 1<<16),
 		events:       make(chan *Event, 1<<16),
@@ -93,6 +101,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		MaxMessageSize: maxMessageSize,
 		Token:          token,
 		TLS:            tlsFiles,
+		Transports:     transports,
 		Handlers:       map[string]core.Handler{pyMethod: queueHandler{a}},
 		OnRRefDropped: func(id wire.RRefID) {
 			a.post(&Event{kind: EventRRefDropped, rref: id})

@@ -1,6 +1,7 @@
 """A hostile peer against a live world of Python workers.
 
-tests/hostilepeer (a Go program speaking our gRPC service with crafted frames) attacks rank 0
+tests/hostilepeer (a Go program speaking our gRPC service, or our shared-memory transport,
+with crafted frames and control words) attacks rank 0
 of a world of three real workers while ranks 1 and 2 keep calling rank 0 and each other
 (tests/worlds/hostile.py). A hostile peer must not crash, starve or impersonate: no worker dies,
 every honest call made during the attacks succeeds, rank 0's memory stays bounded, and a peer
@@ -82,15 +83,28 @@ def wait_for_files(w: World, paths: List[str], timeout: float) -> None:
         time.sleep(0.05)
 
 
-def expected_attacks() -> List[str]:
+# Attacks on the shared-memory listener only, with the outcome each must have: a region the
+# worker must not map is refused at set-up; corrupt control words end the stream.
+SHM_ATTACKS = {
+    "ring-head-ahead": "dropped",
+    "ring-head-behind": "dropped",
+    "frame-over-limit": "dropped",
+    "unsealed-region": "refused",
+    "region-too-small": "refused",
+}
+
+
+def expected_attacks(transport: str) -> List[str]:
     """The attacks the hostile peer runs: HOSTILE_PEER_ATTACKS's, or the main ones."""
     if os.environ.get("HOSTILE_PEER_ATTACKS"):
         return os.environ["HOSTILE_PEER_ATTACKS"].split(",")
-    return ["half-open", "near-limit", "wrapping-sizes", "header-flood", "huge-method", "budget-hog", *IMPERSONATIONS]
+    main = ["half-open", "near-limit", "wrapping-sizes", "header-flood", "huge-method", "budget-hog", *IMPERSONATIONS]
+    return main + (list(SHM_ATTACKS) if transport == "shm" else [])
 
 
 def run_attacker(binary: str, addr: str, extra: List[str]) -> Tuple[Dict[str, Tuple[str, str]], str]:
-    """Run the hostile peer against addr; return each attack's (outcome, detail) and its output."""
+    """Run the hostile peer against addr (the agent's address, every transport's); return
+    each attack's (outcome, detail) and its output."""
     cmd = [binary, "-addr", addr, "-name", "worker1", "-rank", "1", "-timeout", f"{ATTACK_TIMEOUT_S}s", *extra]
     if os.environ.get("HOSTILE_PEER_ATTACKS"):
         cmd += ["-attacks", os.environ["HOSTILE_PEER_ATTACKS"]]
@@ -156,28 +170,32 @@ def check_world_survived(results: List[RankResult], output: str) -> None:
 
 
 @pytest.mark.timeout(280)
-def test_hostile_peer_cannot_crash_starve_or_impersonate(world, tmp_path, hostilepeer):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_hostile_peer_cannot_crash_starve_or_impersonate(world, tmp_path, hostilepeer, transport):
     w, sync_dir = start_attacked_world(world, tmp_path)
-    outcomes, output, rss_growth_kib, results = attack_world(w, sync_dir, hostilepeer, [])
-    missing = [name for name in expected_attacks() if name not in outcomes]
+    outcomes, output, rss_growth_kib, results = attack_world(w, sync_dir, hostilepeer, ["-transport", transport])
+    missing = [name for name in expected_attacks(transport) if name not in outcomes]
     assert not missing, f"attacks {missing} did not report:\n{output}"
     assert not [n for n, (o, _) in outcomes.items() if o == "dial-failed"], output
     check_world_survived(results, output)
     assert rss_growth_kib < RSS_GROWTH_BOUND_KIB, f"rank 0's RSS grew by {rss_growth_kib} KiB under attack\n{output}"
     for name in set(IMPERSONATIONS) & set(outcomes):
         assert outcomes[name][0] == "dropped", f"{name}: a peer that did not say who it is was served: {outcomes[name]}"
+    wrong = {n: outcomes[n] for n, want in SHM_ATTACKS.items() if n in outcomes and outcomes[n][0] != want}
+    assert not wrong, f"shared-memory attacks with the wrong outcome (want {SHM_ATTACKS}): {wrong}\n{output}"
     rank0_log = results[0].output
     assert "release-other-holder" not in outcomes or "refused RRef operations" in rank0_log, "forged RRef releases were not refused\n" + rank0_log[-4000:]
     assert "recovered from a panic" not in rank0_log, "an attack made the agent panic:\n" + rank0_log[-8000:]
 
 
 @pytest.mark.timeout(280)
-def test_every_attack_is_refused_without_the_token(world, tmp_path, hostilepeer):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_every_attack_is_refused_without_the_token(world, tmp_path, hostilepeer, transport):
     w, sync_dir = start_attacked_world(world, tmp_path, env={"TENSORPLAY_RPC_TOKEN": "hostile-peer-test-secret"})
     # The attacker presents no token (its -token is empty).
-    outcomes, output, rss_growth_kib, results = attack_world(w, sync_dir, hostilepeer, ["-hold", "2s"])
+    outcomes, output, rss_growth_kib, results = attack_world(w, sync_dir, hostilepeer, ["-hold", "2s", "-transport", transport])
     check_world_survived(results, output)
-    assert not [name for name in expected_attacks() if name not in outcomes], output
+    assert not [name for name in expected_attacks(transport) if name not in outcomes], output
     not_refused = {n: o for n, o in outcomes.items() if o[0] != "unauthenticated"}
     assert not not_refused, f"attacks not refused for want of the token: {not_refused}\n{output}"
     assert rss_growth_kib < RSS_GROWTH_BOUND_KIB, f"rank 0's RSS grew by {rss_growth_kib} KiB\n{output}"

@@ -35,6 +35,9 @@ type Options struct {
 	Token string
 	// TLS puts a GRPC world under mutual TLS.
 	TLS *core.TLSFiles
+	// Transports pins the transports of a GRPC world (see core.Config.Transports); empty
+	// means the default: shared memory between these agents, all on one host.
+	Transports []string
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -68,7 +71,7 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 			Name: fmt.Sprintf("w%d", i), Rank: i, WorldSize: n,
 			InitMethod: init, InitTimeout: opts.InitTimeout, Handlers: opts.Handlers,
 			ListenHost: "127.0.0.1", ChunkSize: opts.ChunkSize, MaxMessageSize: opts.MaxMessageSize,
-			Token: opts.Token, TLS: opts.TLS,
+			Token: opts.Token, TLS: opts.TLS, Transports: opts.Transports,
 		}
 		if network != nil {
 			cfgs[i].Store, cfgs[i].Transport = store, network.Transport()
@@ -147,3 +150,6 @@ func Peak(interval time.Duration, sample func() int64) (stop func() int64) {
 		return <-result
 	}
 }
+
+// GRPCAddr is the gRPC address of a, for tests that speak gRPC to it themselves.
+func GRPCAddr(a *core.Agent) string { return transport.NetworkAddr(a.Self().Addr) }

@@ -150,7 +150,7 @@ func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
 	defer tr.Close()
 	var streams []transport.Stream
 	for i := 0; i < 2; i++ {
-		s, err := tr.Dial(ctx, c.Agents[1].Self().Addr)
+		s, err := tr.Dial(ctx, coretest.GRPCAddr(c.Agents[1]))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,7 +21,7 @@ func TestHostileBytes(t *testing.T) {
 	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: echo})
 	storeAddr := strings.TrimPrefix(cfgs[0].InitMethod, "tcp://")
 	agents := coretest.Start(t, cfgs).Agents
-	worker := agents[1].Self().Addr
+	worker := coretest.GRPCAddr(agents[1])
 	noise := make([]byte, 64<<10)
 	rand.Read(noise)
 	http2Preface := "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -40,7 +40,7 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if _, err := elsewhere.Listen("127.0.0.2", func(transport.Stream) {}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := elsewhere.Dial(ctx, owner.Self().Addr)
+	s, err := elsewhere.Dial(ctx, coretest.GRPCAddr(owner))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	// refused. The echo after them answers once they were applied.
 	local, _ := grpctransport.New("", nil)
 	defer local.Close()
-	s, err = local.Dial(ctx, owner.Self().Addr)
+	s, err = local.Dial(ctx, coretest.GRPCAddr(owner))
 	if err != nil {
 		t.Fatal(err)
 	}

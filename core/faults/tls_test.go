@@ -122,7 +122,7 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := tr.Dial(ctx, agents[1].Self().Addr)
+		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[1]))
 		if err == nil {
 			s.Send(wire.HelloFrame("w0", 0))
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
@@ -158,7 +158,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := tls.Dial("tcp", agents[1].Self().Addr, &tls.Config{
+	conn, err := tls.Dial("tcp", coretest.GRPCAddr(agents[1]), &tls.Config{
 		Certificates: []tls.Certificate{pair}, MaxVersion: tls.VersionTLS12, InsecureSkipVerify: true,
 	})
 	if err == nil {
@@ -180,7 +180,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 		rank   int
 		served bool
 	}{{"w0", 0, false}, {"w2", 2, false}, {"w1", 1, true}} {
-		s, err := tr.Dial(ctx, agents[0].Self().Addr)
+		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[0]))
 		if err != nil {
 			t.Fatal(err)
 		}

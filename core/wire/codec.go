@@ -36,6 +36,11 @@ func (f *Frame) EncodeMsgpack(enc *msgpack.Encoder) error {
 			return err
 		}
 	}
+	return f.encodeTail(enc)
+}
+
+// encodeTail writes the fields after the buffers.
+func (f *Frame) encodeTail(enc *msgpack.Encoder) error {
 	if err := enc.EncodeArrayLen(len(f.Refs)); err != nil {
 		return err
 	}

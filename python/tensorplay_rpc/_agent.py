@@ -509,6 +509,7 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
         options.tls_cert or "",
         options.tls_key or "",
         options.tls_ca or "",
+        ",".join(options.transport_names()),
     )
     try:
         _wait_on_go(starter.Wait)

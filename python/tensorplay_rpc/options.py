@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Union
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import constants
 
@@ -39,8 +40,33 @@ class RpcBackendOptions:
         self.init_method = init_method
 
 
+TRANSPORTS_ENV = "TENSORPLAY_RPC_TRANSPORTS"
+DEFAULT_TRANSPORTS = ("shm", "grpc")
+# torch's TensorPipe names for the same paths: "uv" is its TCP transport.
+_TRANSPORT_ALIASES = {"shm": "shm", "grpc": "grpc", "uv": "grpc"}
+
+
+def _transport_names(given: Sequence[Any], source: str) -> List[str]:
+    """Check and normalise a list of transport names; ``source`` names where it came from."""
+    if isinstance(given, (str, bytes)):
+        raise TypeError(f"{source} must be a list of transport names, got the string {given!r}")
+    names: List[str] = []
+    for n in given:
+        key = str(n).strip()
+        if not key:
+            continue
+        if key not in _TRANSPORT_ALIASES:
+            raise ValueError(f"{source}: unknown transport {key!r}; this build has {sorted(_TRANSPORT_ALIASES)}")
+        if _TRANSPORT_ALIASES[key] not in names:
+            names.append(_TRANSPORT_ALIASES[key])
+    if not names:
+        raise ValueError(f"{source} names no transport; this build has {sorted(_TRANSPORT_ALIASES)}")
+    return names
+
+
 class TensorPipeRpcBackendOptions(RpcBackendOptions):
-    """Options of the TENSORPIPE backend (here served by the Go agent over gRPC).
+    """Options of the TENSORPIPE backend (here served by the Go agent: shared memory between
+    workers on one host, gRPC between hosts).
 
     Args:
         num_worker_threads: Python threads that run incoming calls.
@@ -58,7 +84,12 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         tls_cert, tls_key, tls_ca: PEM files of this worker's certificate and key and of the
             world's CA: with them, all store and worker traffic is mutual TLS, and a peer
             whose certificate the CA did not sign is refused.
-        _transports, _channels: accepted for compatibility with torch and ignored.
+        _transports: the transports that carry calls, in order of preference: ``"shm"``
+            (shared memory, to workers on this host) and ``"grpc"`` (to any worker; torch's
+            ``"uv"`` means the same). Default: ``$TENSORPLAY_RPC_TRANSPORTS`` (comma-separated)
+            if set, else both: shared memory to workers on this host, gRPC to the others.
+            Workers that share no transport cannot call each other.
+        _channels: accepted for compatibility with torch and ignored.
     """
 
     def __init__(
@@ -93,8 +124,20 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
             self.set_device_map(to, device_map)
         self.devices: List[str] = []
         self.set_devices(list(devices or []))
+        if _transports is not None:
+            _transport_names(_transports, "_transports")
         self._transports = _transports
         self._channels = _channels
+
+    def transport_names(self) -> List[str]:
+        """The transports this worker uses, in order of preference: ``_transports`` if given,
+        else ``$TENSORPLAY_RPC_TRANSPORTS``, else ``["shm", "grpc"]``."""
+        if self._transports is not None:
+            return _transport_names(self._transports, "_transports")
+        env = os.environ.get(TRANSPORTS_ENV, "")
+        if env.strip():
+            return _transport_names(env.split(","), TRANSPORTS_ENV)
+        return list(DEFAULT_TRANSPORTS)
 
     def set_device_map(self, to: str, device_map: Dict[DeviceType, DeviceType]) -> None:
         """Set how this worker's devices map to worker ``to``'s devices for tensors sent

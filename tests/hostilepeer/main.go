@@ -23,6 +23,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -37,6 +38,7 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/grpc"
@@ -83,7 +85,8 @@ var attacks = []attack{
 
 // peer is the attacker: how it reaches the worker and who it claims to be.
 type peer struct {
-	tr     *grpctransport.Transport
+	tr     transport.Transport
+	shm    bool // attacks go over shared memory
 	addr   string
 	token  string
 	name   string
@@ -97,7 +100,8 @@ type peer struct {
 
 func main() {
 	var (
-		addr    = flag.String("addr", "", "the worker's address (host:port)")
+		addr    = flag.String("addr", "", "the worker's address (as its agent reports it)")
+		via     = flag.String("transport", "grpc", "attack over grpc or shm")
 		name    = flag.String("name", "worker1", "the worker name the hello claims")
 		rank    = flag.Int("rank", 1, "the rank the hello claims")
 		token   = flag.String("token", "", "the token to present (none: a stranger)")
@@ -111,7 +115,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "hostilepeer: -addr is required")
 		os.Exit(2)
 	}
-	chosen, err := choose(*list)
+	chosen, err := choose(*list, *via == "shm")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hostilepeer:", err)
 		os.Exit(2)
@@ -124,12 +128,25 @@ func main() {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	tr, err := grpctransport.New(*token, nil)
+	var tr transport.Transport
+	switch *via {
+	case "grpc":
+		tr, err = grpctransport.New(*token, nil)
+	case "shm":
+		tr, err = shmtransport.New(*token, 0)
+	default:
+		err = fmt.Errorf("-transport %q: want grpc or shm", *via)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hostilepeer:", err)
 		os.Exit(2)
 	}
-	p := &peer{tr: tr, addr: *addr, token: *token, name: *name, rank: *rank, window: *window, hold: *hold}
+	at, ok := addressOf(*addr, *via)
+	if !ok {
+		fmt.Fprintf(os.Stderr, "hostilepeer: the worker at %s does not listen on %s\n", *addr, *via)
+		os.Exit(2)
+	}
+	p := &peer{tr: tr, shm: *via == "shm", addr: at, token: *token, name: *name, rank: *rank, window: *window, hold: *hold}
 	if err := p.reachable(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "hostilepeer: cannot reach the worker:", err)
 		os.Exit(1)
@@ -153,19 +170,34 @@ func main() {
 	fmt.Println("hostilepeer: done")
 }
 
-func choose(list string) ([]attack, error) {
+func choose(list string, shm bool) ([]attack, error) {
+	all := attacks
+	if shm {
+		// budget-hog stays last: it holds the worker's budget for -hold.
+		all = append(append(slices.Clone(attacks[:len(attacks)-1]), shmAttacks...), attacks[len(attacks)-1])
+	}
 	if list == "all" || list == "" {
-		return attacks, nil
+		return all, nil
 	}
 	var out []attack
 	for _, name := range strings.Split(list, ",") {
-		i := slices.IndexFunc(attacks, func(a attack) bool { return a.name == strings.TrimSpace(name) })
+		i := slices.IndexFunc(all, func(a attack) bool { return a.name == strings.TrimSpace(name) })
 		if i < 0 {
 			return nil, fmt.Errorf("unknown attack %q", name)
 		}
-		out = append(out, attacks[i])
+		out = append(out, all[i])
 	}
 	return out, nil
+}
+
+// addressOf picks the address of transport via out of an agent's address ("shm=…;grpc=…").
+func addressOf(addr, via string) (string, bool) {
+	for _, part := range strings.Split(addr, ";") {
+		if name, a, ok := strings.Cut(part, "="); ok && name == via {
+			return a, true
+		}
+	}
+	return "", false
 }
 
 // reachable checks that something listens at the address: only then are the outcomes of the
@@ -174,6 +206,9 @@ func (p *peer) reachable(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, err := p.tr.Dial(dctx, p.addr)
+	if errors.Is(err, shmtransport.ErrRefused) {
+		return nil // it listens, and refused a stranger
+	}
 	if err != nil {
 		return err
 	}
@@ -306,6 +341,9 @@ func (p *peer) probe(ctx context.Context, c *conn) string {
 
 // endOutcome classifies why a stream ended.
 func endOutcome(err error) string {
+	if errors.Is(err, shmtransport.ErrRefused) || errors.Is(err, errShmRefused) {
+		return "unauthenticated"
+	}
 	if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
 		return "unauthenticated"
 	}
@@ -378,6 +416,9 @@ func (p *peer) halfOpen(ctx context.Context) (string, string) {
 	case <-c.done:
 		return endOutcome(c.err), detail + "; the worker ended it: " + describe(c.err)
 	case <-time.After(p.window / 4):
+	}
+	if p.shm {
+		return "held", detail + p.cutShortFrame(ctx)
 	}
 	rs, closeRaw, err := p.rawStream(ctx, 16*mib)
 	if err != nil {
@@ -530,6 +571,12 @@ func (p *peer) helloMissing(ctx context.Context) (string, string) {
 // to send a frame over the 16 MiB frame limit, so this one goes over a raw gRPC client with a
 // larger send limit: the worker's gRPC server must refuse it.
 func (p *peer) hugeMethod(ctx context.Context) (string, string) {
+	if p.shm { // over shared memory the frame's length comes first: announce 20 MiB
+		return p.corruptRing(ctx, func(region []byte) {
+			binary.LittleEndian.PutUint32(region[2*rawCtrl:], 20*mib)
+			binary.LittleEndian.PutUint64(region[0:], 4)
+		})
+	}
 	rs, closeRaw, err := p.rawStream(ctx, 64*mib)
 	if err != nil {
 		return dialOutcome(err)

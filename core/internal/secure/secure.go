@@ -97,6 +97,20 @@ func (sec World) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 	return ctx, status.Error(codes.Unauthenticated, "this world requires its token (TENSORPLAY_RPC_TOKEN)")
 }
 
+// CheckToken reports whether got is the world's token (always, for a world without one),
+// noting a refusal of the connection from from if it is not. For transports that carry the
+// token themselves rather than in gRPC headers.
+func (sec World) CheckToken(got []byte, from string) bool {
+	if sec.token == "" || subtle.ConstantTimeCompare(got, []byte(sec.token)) == 1 {
+		return true
+	}
+	sec.refusals.note(from)
+	return false
+}
+
+// Token is the token a dialing transport presents ("" for a world without one).
+func (sec World) Token() string { return sec.token }
+
 // refusalLog logs refused connections at most once per peer host per interval, with the
 // number refused since the last line, so a flood of strangers cannot flood the log.
 type refusalLog struct {

@@ -1,0 +1,119 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Choice is one transport a Chooser may use, with the name that tags its address.
+type Choice struct {
+	Name      string
+	Transport Transport
+}
+
+// Reacher is implemented by transports that reach only some addresses, such as those on the
+// same host.
+type Reacher interface {
+	Reaches(addr string) bool
+}
+
+// Chooser is a Transport over several: it listens on all of them and dials each peer over the
+// first, in the order given, that both sides listen on and that reaches the peer. Its address
+// lists every address with its transport's name: "shm=shm://…;grpc=127.0.0.1:4242".
+type Chooser struct {
+	choices []Choice
+}
+
+// NewChooser returns a transport over choices, preferred in that order.
+func NewChooser(choices ...Choice) *Chooser { return &Chooser{choices: choices} }
+
+const (
+	addrSep = ";"
+	nameSep = "="
+)
+
+// Listen listens on every transport and returns their tagged addresses.
+func (c *Chooser) Listen(host string, serve func(Stream)) (string, error) {
+	var addrs []string
+	for _, ch := range c.choices {
+		addr, err := ch.Transport.Listen(host, serve)
+		if err != nil {
+			return "", fmt.Errorf("%s transport: %w", ch.Name, err)
+		}
+		addrs = append(addrs, ch.Name+nameSep+addr)
+	}
+	return strings.Join(addrs, addrSep), nil
+}
+
+// Dial opens a stream to the agent at addr over the first transport that reaches it. If that
+// fails, the next is tried: a peer that refuses shared memory may still take gRPC.
+func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
+	peer := splitChoices(addr)
+	var errs []error
+	for _, ch := range c.choices {
+		a, ok := peer[ch.Name]
+		if !ok {
+			continue
+		}
+		if r, ok := ch.Transport.(Reacher); ok && !r.Reaches(a) {
+			continue
+		}
+		s, err := ch.Transport.Dial(ctx, a)
+		if err == nil {
+			return s, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", ch.Name, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 0 {
+		return nil, fmt.Errorf("no transport of this worker (%s) reaches %s", c.names(), addr)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (c *Chooser) names() string {
+	var names []string
+	for _, ch := range c.choices {
+		names = append(names, ch.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// Close closes every transport.
+func (c *Chooser) Close() error {
+	var errs []error
+	for _, ch := range c.choices {
+		errs = append(errs, ch.Transport.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func splitChoices(addr string) map[string]string {
+	m := map[string]string{}
+	for _, part := range strings.Split(addr, addrSep) {
+		if name, a, ok := strings.Cut(part, nameSep); ok {
+			m[name] = a
+		}
+	}
+	return m
+}
+
+// NetworkAddr is the host:port in addr, which may be a Chooser's address; addr itself if it
+// has none.
+func NetworkAddr(addr string) string {
+	for _, part := range strings.Split(addr, addrSep) {
+		_, a, _ := strings.Cut(part, nameSep)
+		if _, port, err := net.SplitHostPort(a); err == nil {
+			if _, err := strconv.ParseUint(port, 10, 16); err == nil {
+				return a
+			}
+		}
+	}
+	return addr
+}

@@ -1,0 +1,78 @@
+package shmtransport
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// A region holds the two rings of one stream: both control blocks, then both data areas.
+// The dialer writes ring 0 and reads ring 1; the listener the other way round.
+const (
+	ctrlBytes = 4096
+	// MinRingBytes and MaxRingBytes bound a ring's data area (a power of two).
+	MinRingBytes = 64 << 10
+	MaxRingBytes = 64 << 20
+	// requiredSeals keep a peer from shrinking the region under our mapping (a later access
+	// would raise SIGBUS) or growing it.
+	requiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+)
+
+func regionBytes(ringBytes int) int { return 2*ctrlBytes + 2*ringBytes }
+
+func validRingBytes(n int) bool {
+	return n >= MinRingBytes && n <= MaxRingBytes && n&(n-1) == 0
+}
+
+// createRegion makes a sealed memfd region for rings of ringBytes and maps it. The memfd has
+// no name in any file system: the memory is freed when the last process holding it (by fd or
+// mapping) lets go, including by dying.
+func createRegion(ringBytes int) (fd int, mem []byte, err error) {
+	fd, err = unix.MemfdCreate("tensorplay-rpc", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	fail := func(what string, err error) (int, []byte, error) {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	size := regionBytes(ringBytes)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("size the shared region", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, requiredSeals); err != nil {
+		return fail("seal the shared region", err)
+	}
+	if mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return fail("map the shared region", err)
+	}
+	return fd, mem, nil
+}
+
+// mapPeerRegion maps a region a peer created, once it is shown to be sealed at the size its
+// ring size implies.
+func mapPeerRegion(fd int, ringBytes int) ([]byte, error) {
+	if !validRingBytes(ringBytes) {
+		return nil, fmt.Errorf("peer asks for rings of %d bytes, not a power of two in [%d, %d]", ringBytes, MinRingBytes, MaxRingBytes)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("peer's region is not a sealable memfd: %w", err)
+	}
+	if seals&requiredSeals != requiredSeals {
+		return nil, fmt.Errorf("peer's region is not sealed against resizing (seals %#x)", seals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat the peer's region: %w", err)
+	}
+	size := regionBytes(ringBytes)
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("peer's region has %d bytes, want %d", st.Size, size)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map the peer's region: %w", err)
+	}
+	return mem, nil
+}

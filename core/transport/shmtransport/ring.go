@@ -1,0 +1,279 @@
+package shmtransport
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// ringCtrl is the control block of one direction of a stream, in shared memory. Each field
+// sits on its own cache line so the two processes do not contend for one.
+type ringCtrl struct {
+	// head counts the bytes ever written; only the producer stores it.
+	head atomic.Uint64
+	_    [56]byte
+	// tail counts the bytes ever read; only the consumer stores it.
+	tail atomic.Uint64
+	_    [56]byte
+	// readerAsleep is set by a consumer about to sleep on the socket: the producer that
+	// clears it owes it one wake-up byte.
+	readerAsleep atomic.Uint32
+	_            [60]byte
+	// writerAsleep is set by a producer waiting for space; the consumer that clears it bumps
+	// spaceSeq, the futex word the producer sleeps on.
+	writerAsleep atomic.Uint32
+	spaceSeq     atomic.Uint32
+}
+
+// ring is one direction of a stream: its control block and data area in a mapped region.
+// Every index read from the control block was written by the peer and is checked before use.
+type ring struct {
+	ctrl *ringCtrl
+	data []byte
+	size uint64 // len(data), a power of two
+}
+
+// ringAt is ring i (0 or 1) of a region mapped for rings of ringBytes.
+func ringAt(mem []byte, i, ringBytes int) ring {
+	data := mem[2*ctrlBytes+i*ringBytes : 2*ctrlBytes+(i+1)*ringBytes]
+	return ring{ctrl: (*ringCtrl)(unsafe.Pointer(&mem[i*ctrlBytes])), data: data, size: uint64(ringBytes)}
+}
+
+// publishStep is how many bytes of a big frame are written (or read) before the other side is
+// told: it can copy out one part while the next is copied in.
+const publishStep = 256 << 10
+
+// spaceWaitSlice bounds one futex sleep of a producer: a consumer that never wakes it (hostile,
+// or dead before it could) is rechecked this often.
+const spaceWaitSlice = 50 * time.Millisecond
+
+var errCorrupt = errors.New("shared-memory ring indices are inconsistent")
+
+// ringWriter is the producer of one ring. Its methods are not safe for concurrent use.
+type ringWriter struct {
+	r         ring
+	head      uint64 // bytes written, published or not
+	published uint64 // the head the consumer can see
+	// wake tells the consumer, asleep on the socket, that there is data.
+	wake func() error
+	// broken is non-nil once the stream cannot go on (closed, or the peer gone).
+	broken func() error
+}
+
+// write puts one frame: its length, then its pieces, and publishes it.
+func (w *ringWriter) write(pieces [][]byte, total int) error {
+	var prefix [4]byte
+	putUint32(prefix[:], uint32(total))
+	if err := w.put(prefix[:]); err != nil {
+		return err
+	}
+	for _, p := range pieces {
+		if err := w.put(p); err != nil {
+			return err
+		}
+	}
+	return w.publish()
+}
+
+func (w *ringWriter) put(b []byte) error {
+	for len(b) > 0 {
+		free, err := w.space()
+		if err != nil {
+			return err
+		}
+		n := min(uint64(len(b)), free)
+		at := w.head & (w.r.size - 1)
+		k := uint64(copy(w.r.data[at:], b[:n]))
+		copy(w.r.data, b[k:n])
+		w.head += n
+		b = b[n:]
+		if w.head-w.published >= publishStep {
+			if err := w.publish(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// space waits until the ring has room and returns how much.
+func (w *ringWriter) space() (uint64, error) {
+	ctrl := w.r.ctrl
+	for {
+		tail := ctrl.tail.Load()
+		used := w.head - tail
+		if used > w.r.size || tail > w.published {
+			return 0, fmt.Errorf("%w: peer read to %d of %d bytes written", errCorrupt, tail, w.published)
+		}
+		if used < w.r.size {
+			return w.r.size - used, nil
+		}
+		// Full: let the consumer see everything, then sleep until it makes room.
+		if err := w.publish(); err != nil {
+			return 0, err
+		}
+		seq := ctrl.spaceSeq.Load()
+		ctrl.writerAsleep.Store(1)
+		if ctrl.tail.Load() == tail {
+			futexSleep(&ctrl.spaceSeq, seq, spaceWaitSlice)
+		}
+		if err := w.broken(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// publish makes the bytes written visible and wakes a sleeping consumer.
+func (w *ringWriter) publish() error {
+	if w.head == w.published {
+		return nil
+	}
+	ctrl := w.r.ctrl
+	ctrl.head.Store(w.head)
+	w.published = w.head
+	if ctrl.readerAsleep.Load() != 0 && ctrl.readerAsleep.CompareAndSwap(1, 0) {
+		return w.wake()
+	}
+	return nil
+}
+
+// ringReader is the consumer of one ring. It reads one frame at a time (begin, then Read and
+// ReadByte up to the frame's length) and implements io.Reader and io.ByteScanner for the
+// msgpack decoder. Its methods are not safe for concurrent use.
+type ringReader struct {
+	r        ring
+	tail     uint64 // bytes read
+	released uint64 // the tail the producer can see
+	head     uint64 // the last head seen
+	// left is what remains of the current frame.
+	left int
+	// unread says the last read was ReadByte, which UnreadByte may undo.
+	unread bool
+	// sleep waits for a wake-up byte on the socket.
+	sleep func() error
+}
+
+// available waits for data and returns how much there is.
+func (r *ringReader) available() (uint64, error) {
+	ctrl := r.r.ctrl
+	for r.head == r.tail {
+		head := ctrl.head.Load()
+		if head-r.tail > r.r.size {
+			return 0, fmt.Errorf("%w: peer wrote to %d with %d bytes read", errCorrupt, head, r.tail)
+		}
+		if head != r.tail {
+			r.head = head
+			break
+		}
+		// Empty: give back all room before sleeping, so a producer waiting for it can go on.
+		r.release()
+		ctrl.readerAsleep.Store(1)
+		if ctrl.head.Load() != r.tail {
+			continue // the producer will send a byte nobody waits for: a harmless extra wake-up
+		}
+		if err := r.sleep(); err != nil {
+			return 0, err
+		}
+	}
+	return r.head - r.tail, nil
+}
+
+// release tells the producer that the bytes read so far may be overwritten.
+func (r *ringReader) release() {
+	if r.released == r.tail {
+		return
+	}
+	ctrl := r.r.ctrl
+	ctrl.tail.Store(r.tail)
+	r.released = r.tail
+	if ctrl.writerAsleep.Load() != 0 && ctrl.writerAsleep.CompareAndSwap(1, 0) {
+		ctrl.spaceSeq.Add(1)
+		futexWakeAll(&ctrl.spaceSeq)
+	}
+}
+
+// begin starts reading the next frame and returns its length, at most maxLen.
+func (r *ringReader) begin(maxLen int) (int, error) {
+	var prefix [4]byte
+	r.left = len(prefix)
+	if _, err := io.ReadFull(r, prefix[:]); err != nil {
+		return 0, err
+	}
+	n := int(getUint32(prefix[:]))
+	if n > maxLen {
+		return 0, fmt.Errorf("peer announces a %d-byte frame, more than %d", n, maxLen)
+	}
+	r.left = n
+	return n, nil
+}
+
+// end finishes a frame, which the decoder must have read to its last byte.
+func (r *ringReader) end() error {
+	if r.left != 0 {
+		return fmt.Errorf("frame has %d bytes after its encoding", r.left)
+	}
+	r.unread = false
+	if r.tail-r.released >= publishStep {
+		r.release()
+	}
+	return nil
+}
+
+// Read reads from the current frame.
+func (r *ringReader) Read(p []byte) (int, error) {
+	r.unread = false
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	avail, err := r.available()
+	if err != nil {
+		return 0, err
+	}
+	n := min(uint64(len(p)), avail, uint64(r.left))
+	at := r.tail & (r.r.size - 1)
+	k := uint64(copy(p[:n], r.r.data[at:]))
+	copy(p[k:n], r.r.data)
+	r.tail += n
+	r.left -= int(n)
+	if r.tail-r.released >= publishStep {
+		r.release()
+	}
+	return int(n), nil
+}
+
+// ReadByte reads one byte of the current frame.
+func (r *ringReader) ReadByte() (byte, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	if _, err := r.available(); err != nil {
+		return 0, err
+	}
+	b := r.r.data[r.tail&(r.r.size-1)]
+	r.tail++
+	r.left--
+	r.unread = true
+	return b, nil
+}
+
+// UnreadByte undoes the last ReadByte. The byte is still in the ring: reading releases room
+// only after a Read, never after a ReadByte.
+func (r *ringReader) UnreadByte() error {
+	if !r.unread {
+		return errors.New("UnreadByte without a ReadByte before it")
+	}
+	r.unread = false
+	r.tail--
+	r.left++
+	return nil
+}
+
+func putUint32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
+func getUint32(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}

@@ -1,0 +1,191 @@
+package shmtransport
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
+)
+
+// stream is one stream over a shared region. The Unix socket it was set up on stays open for
+// its life: wake-up bytes travel on it (so a sleeping reader waits in Go's network poller and
+// holds no thread), and its end is how each side learns the other is gone, dead or alive.
+type stream struct {
+	conn *net.UnixConn
+	mem  []byte
+	out  ringWriter
+	in   ringReader
+	// peer names the other end for errors.
+	peer string
+
+	parts wire.Parts
+	dec   *msgpack.Decoder
+	sink  wire.ChunkSink
+
+	gone atomic.Pointer[error] // why the stream ended, once it has
+	done chan struct{}         // closed by Close
+
+	mu       sync.Mutex
+	users    int // Send and Recv calls under way: the region stays mapped until they end
+	closed   bool
+	unmapped bool
+	onClose  func()
+}
+
+var _ transport.SinkSetter = (*stream)(nil)
+
+// newStream runs over mem, writing ring out and reading ring 1-out.
+func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, peer string) *stream {
+	s := &stream{conn: conn, mem: mem, peer: peer, dec: msgpack.NewDecoder(nil), done: make(chan struct{})}
+	s.out = ringWriter{r: ringAt(mem, out, ringBytes), wake: s.wakePeer, broken: s.broken}
+	s.in = ringReader{r: ringAt(mem, 1-out, ringBytes), sleep: s.sleep}
+	return s
+}
+
+func (s *stream) SetChunkSink(sink wire.ChunkSink) { s.sink = sink }
+
+// Send writes f into the outgoing ring.
+func (s *stream) Send(f *wire.Frame) error {
+	if !s.enter() {
+		return s.broken()
+	}
+	defer s.leave()
+	pieces, total, err := s.parts.Encode(f)
+	if err != nil {
+		return err
+	}
+	if total > wire.MaxFrameBytes {
+		return fmt.Errorf("frame of %d bytes is over the limit of %d", total, wire.MaxFrameBytes)
+	}
+	if err := s.out.write(pieces, total); err != nil {
+		return s.fail(err)
+	}
+	return nil
+}
+
+// Recv reads the next frame from the incoming ring.
+func (s *stream) Recv() (*wire.Frame, error) {
+	if !s.enter() {
+		return nil, s.broken()
+	}
+	defer s.leave()
+	if _, err := s.in.begin(wire.MaxFrameBytes); err != nil {
+		return nil, s.fail(err)
+	}
+	f := &wire.Frame{Sink: s.sink}
+	s.dec.Reset(&s.in)
+	if err := f.DecodeMsgpack(s.dec); err != nil {
+		return nil, s.fail(fmt.Errorf("bad frame from %s: %w", s.peer, err))
+	}
+	if err := s.in.end(); err != nil {
+		return nil, s.fail(fmt.Errorf("bad frame from %s: %w", s.peer, err))
+	}
+	return f, nil
+}
+
+// wakePeer sends the peer's sleeping reader its wake-up byte.
+func (s *stream) wakePeer() error {
+	_, err := s.conn.Write([]byte{1})
+	if err != nil {
+		return fmt.Errorf("wake %s: %w", s.peer, err)
+	}
+	return nil
+}
+
+// sleep waits for wake-up bytes; the socket's end means the peer is gone.
+func (s *stream) sleep() error {
+	var buf [64]byte
+	if _, err := s.conn.Read(buf[:]); err != nil {
+		return s.fail(fmt.Errorf("%s is gone: %w", s.peer, err))
+	}
+	return nil
+}
+
+// broken says why the stream cannot go on, or nil. A producer waiting for room calls it every
+// wait slice: the peer's socket hanging up means it is gone even if nobody reads the socket.
+func (s *stream) broken() error {
+	if e := s.gone.Load(); e != nil {
+		return *e
+	}
+	if s.peerHungUp() {
+		return s.fail(fmt.Errorf("%s is gone", s.peer))
+	}
+	return nil
+}
+
+// peerHungUp polls the socket, without reading it, for the peer's end.
+func (s *stream) peerHungUp() bool {
+	raw, err := s.conn.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hung := false
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hung = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return hung
+}
+
+// fail ends the stream for err (the first reason wins) and returns the reason.
+func (s *stream) fail(err error) error {
+	s.gone.CompareAndSwap(nil, &err)
+	s.Close()
+	return *s.gone.Load()
+}
+
+func (s *stream) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.users++
+	return true
+}
+
+// leave ends a use of the region; the last one after Close unmaps it.
+func (s *stream) leave() {
+	s.mu.Lock()
+	s.users--
+	last := s.closed && s.users == 0 && !s.unmapped
+	if last {
+		s.unmapped = true
+	}
+	s.mu.Unlock()
+	if last {
+		unix.Munmap(s.mem)
+	}
+}
+
+// Close ends the stream: the peer's reader sees the socket end, a local producer waiting for
+// room wakes, and the region is unmapped once no Send or Recv uses it.
+func (s *stream) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.users++ // this Close uses the region to wake a waiting producer
+	onClose := s.onClose
+	s.mu.Unlock()
+	closedErr := error(transport.ErrClosed)
+	s.gone.CompareAndSwap(nil, &closedErr)
+	close(s.done)
+	s.conn.Close()
+	s.out.r.ctrl.spaceSeq.Add(1)
+	futexWakeAll(&s.out.r.ctrl.spaceSeq)
+	s.leave()
+	if onClose != nil {
+		onClose()
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+// Package shmtransport carries streams between agents on one host through shared memory, as
+// TensorPipe's shm transport does: a dialer connects to the listener's abstract Unix socket,
+// shows the world's token, and passes a sealed memfd region holding one ring per direction
+// (SCM_RIGHTS). Frames are written into the rings once and read out once; a reader with
+// nothing to read sleeps on the socket and is woken by one byte, so an idle stream costs no
+// CPU, and the socket's end tells each side at once that the other is gone.
+//
+// Two agents can use it only if they share a boot and a network namespace ([HostKey]); the
+// address it listens on says which host it is on, and [Transport.Reaches] says whether an
+// address is reachable from here. Everything the peer writes into the region is untrusted:
+// ring indices and frame lengths are checked before use, and the region must be sealed
+// against resizing before it is mapped.
+package shmtransport
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+)
+
+// DefaultRingBytes is the data area of each direction of a stream: big frames stream through
+// it, so it bounds memory per stream, not message size.
+const DefaultRingBytes = 1 << 20
+
+// addrPrefix starts every address of this transport: shm://<host key>/<socket name>.
+const addrPrefix = "shm://"
+
+// Transport is the shared-memory transport.Transport.
+type Transport struct {
+	sec       secure.World
+	hostKey   string
+	ringBytes int
+
+	mu       sync.Mutex
+	listener *net.UnixListener
+	streams  map[*stream]struct{}
+	closed   bool
+}
+
+// New returns a transport that is not yet listening. A non-empty token is shown on every
+// stream it opens and required on every stream it accepts; streams are also accepted only from
+// processes of this process's user. ringBytes 0 means DefaultRingBytes.
+func New(token string, ringBytes int) (*Transport, error) {
+	if ringBytes == 0 {
+		ringBytes = DefaultRingBytes
+	}
+	if !validRingBytes(ringBytes) {
+		return nil, fmt.Errorf("shared-memory ring of %d bytes: want a power of two in [%d, %d]", ringBytes, MinRingBytes, MaxRingBytes)
+	}
+	key, err := HostKey()
+	if err != nil {
+		return nil, err
+	}
+	sec, err := secure.New(token, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{sec: sec, hostKey: key, ringBytes: ringBytes, streams: map[*stream]struct{}{}}, nil
+}
+
+// Listen accepts streams on a fresh abstract Unix socket; host is ignored (the socket is
+// reachable from this host and network namespace only).
+func (t *Transport) Listen(_ string, serve func(transport.Stream)) (string, error) {
+	var nonce [12]byte
+	rand.Read(nonce[:])
+	name := fmt.Sprintf("tensorplay-rpc/%d/%s", os.Getpid(), hex.EncodeToString(nonce[:]))
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+	if err != nil {
+		return "", fmt.Errorf("listen on abstract socket %s: %w", name, err)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		lis.Close()
+		return "", transport.ErrClosed
+	}
+	t.listener = lis
+	t.mu.Unlock()
+	go t.accept(lis, serve)
+	return addrPrefix + t.hostKey + "/" + name, nil
+}
+
+func (t *Transport) accept(lis *net.UnixListener, serve func(transport.Stream)) {
+	for {
+		conn, err := lis.AcceptUnix()
+		if err != nil {
+			return // closed
+		}
+		go t.setUp(conn, serve)
+	}
+}
+
+// setUp runs the listener's side of a new stream's handshake, then serves it.
+func (t *Transport) setUp(conn *net.UnixConn, serve func(transport.Stream)) {
+	conn.SetDeadline(time.Now().Add(handshakeTimeout))
+	mem, ringBytes, err := acceptHandshake(conn, t.sec.CheckToken)
+	if err != nil {
+		slog.Debug("tensorplay-rpc: shared-memory stream not set up", "err", err)
+		conn.Close()
+		return
+	}
+	conn.SetDeadline(time.Time{})
+	s := newStream(conn, mem, ringBytes, 1, "the worker at "+peerName(conn))
+	if !t.track(s) {
+		return
+	}
+	serve(s)
+	s.Close()
+}
+
+// Reaches reports whether addr is a shared-memory address on this host and namespace.
+func (t *Transport) Reaches(addr string) bool {
+	key, _, ok := splitAddr(addr)
+	return ok && key == t.hostKey
+}
+
+func splitAddr(addr string) (hostKey, name string, ok bool) {
+	rest, ok := strings.CutPrefix(addr, addrPrefix)
+	if !ok {
+		return "", "", false
+	}
+	return strings.Cut(rest, "/")
+}
+
+// Dial opens a stream to the agent listening at addr, on this host.
+func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	key, name, ok := splitAddr(addr)
+	if !ok {
+		return nil, fmt.Errorf("%q is not a shared-memory address", addr)
+	}
+	if key != t.hostKey {
+		return nil, fmt.Errorf("%s is on another host or network namespace", addr)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", "@"+name)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	conn := c.(*net.UnixConn)
+	deadline := time.Now().Add(handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	conn.SetDeadline(deadline)
+	mem, err := dialHandshake(conn, t.sec.Token(), t.ringBytes)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("set up shared memory with %s: %w", addr, err)
+	}
+	conn.SetDeadline(time.Time{})
+	s := newStream(conn, mem, t.ringBytes, 0, "the worker at "+addr)
+	if !t.track(s) {
+		return nil, transport.ErrClosed
+	}
+	return s, nil
+}
+
+// track registers s, so Close can end it; false (and s closed) if the transport is closed.
+func (t *Transport) track(s *stream) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		go s.Close()
+		return false
+	}
+	t.streams[s] = struct{}{}
+	s.onClose = func() {
+		t.mu.Lock()
+		delete(t.streams, s)
+		t.mu.Unlock()
+	}
+	return true
+}
+
+// Close stops listening and ends every stream.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	lis := t.listener
+	streams := t.streams
+	t.streams = map[*stream]struct{}{}
+	t.mu.Unlock()
+	if lis != nil {
+		lis.Close()
+	}
+	for s := range streams {
+		s.Close()
+	}
+	return nil
+}

@@ -1,0 +1,184 @@
+package shmtransport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+)
+
+// pair opens one stream between two transports and returns both ends.
+func pair(t *testing.T, dialToken, listenToken string, ringBytes int) (client, server transport.Stream, err error) {
+	t.Helper()
+	lt, err := New(listenToken, ringBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt, err := New(dialToken, ringBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dt.Close(); lt.Close() })
+	accepted := make(chan transport.Stream, 1)
+	addr, err := lt.Listen("", func(s transport.Stream) {
+		accepted <- s
+		<-s.(*stream).done
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dt.Reaches(addr) {
+		t.Fatalf("a transport on this host does not reach %s", addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client, err = dt.Dial(ctx, addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	select {
+	case server = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the listener never served the stream")
+	}
+	return client, server, nil
+}
+
+func TestFramesCrossBothWays(t *testing.T) {
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte("0123456789abcdef"), (3*MinRingBytes+7)/16) // wraps the ring several times
+	frames := []*wire.Frame{
+		{Kind: wire.FrameRequest, ID: 1, Method: "echo", Payload: []byte("small")},
+		{Kind: wire.FrameRequest, ID: 2, Payload: big, Buffers: [][]byte{big[:5000], {}, big}},
+		{Kind: wire.FrameResponse, ID: 3, Error: "e", Sizes: []int64{1, 2, 3}},
+	}
+	for _, dir := range []struct {
+		name     string
+		from, to transport.Stream
+	}{{"dialer to listener", client, server}, {"listener to dialer", server, client}} {
+		t.Run(dir.name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() {
+				for _, f := range frames {
+					if err := dir.from.Send(f); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			for _, want := range frames {
+				got, err := dir.to.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.ID != want.ID || got.Method != want.Method || got.Error != want.Error ||
+					!bytes.Equal(got.Payload, want.Payload) || len(got.Buffers) != len(want.Buffers) || len(got.Sizes) != len(want.Sizes) {
+					t.Fatalf("frame %d came out different", want.ID)
+				}
+				for i := range want.Buffers {
+					if !bytes.Equal(got.Buffers[i], want.Buffers[i]) {
+						t.Fatalf("frame %d buffer %d came out different", want.ID, i)
+					}
+				}
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestWrongTokenIsRefusedBeforeAnyRegion(t *testing.T) {
+	_, _, err := pair(t, "wrong", "right", 0)
+	if !errors.Is(err, ErrRefused) {
+		t.Fatalf("dial with the wrong token: %v, want a refusal", err)
+	}
+}
+
+func TestClosedPeerFailsBlockedCalls(t *testing.T) {
+	cases := []struct {
+		name string
+		// block starts a call that cannot finish while the peer lives.
+		block func(s transport.Stream) error
+	}{
+		{"a receive waiting for data", func(s transport.Stream) error { _, err := s.Recv(); return err }},
+		{"a send waiting for room", func(s transport.Stream) error {
+			for range 100 { // the ring fills within a few frames
+				if err := s.Send(&wire.Frame{Kind: wire.FrameRequest, Payload: make([]byte, MinRingBytes/2)}); err != nil {
+					return err
+				}
+			}
+			return errors.New("100 frames fit a ring nobody reads")
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			client, server, err := pair(t, "", "", MinRingBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			failed := make(chan error, 1)
+			go func() { failed <- c.block(client) }()
+			time.Sleep(50 * time.Millisecond) // let it block; the outcome does not depend on it
+			server.Close()
+			select {
+			case err := <-failed:
+				if err == nil || !strings.Contains(err.Error(), "gone") {
+					t.Fatalf("got %v, want an error saying the peer is gone", err)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatal("the call still waits 2 s after its peer closed")
+			}
+		})
+	}
+}
+
+func TestHostileIndicesAreRefused(t *testing.T) {
+	cases := []struct {
+		name    string
+		corrupt func(ctrl *ringCtrl)
+	}{
+		{"write index far ahead", func(c *ringCtrl) { c.head.Store(1 << 40) }},
+		{"write index behind", func(c *ringCtrl) { c.head.Store(^uint64(0)) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			client, server, err := pair(t, "", "", MinRingBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The client's outgoing ring is the server's incoming one, in the same memory.
+			c.corrupt(client.(*stream).out.r.ctrl)
+			client.(*stream).wakePeer()
+			if _, err := server.Recv(); !errors.Is(err, errCorrupt) {
+				t.Fatalf("Recv: %v, want %v", err, errCorrupt)
+			}
+		})
+	}
+}
+
+func TestOversizedFrameLengthIsRefused(t *testing.T) {
+	client, server, err := pair(t, "", "", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prefix [4]byte
+	putUint32(prefix[:], wire.MaxFrameBytes+1)
+	w := &client.(*stream).out
+	if err := w.put(prefix[:]); err != nil {
+		t.Fatal(err)
+	}
+	w.publish()
+	if _, err := server.Recv(); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("Recv: %v, want a refusal of the length", err)
+	}
+}

@@ -1,0 +1,91 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
+)
+
+// TransportsEnv names the environment variable that picks transports (comma-separated, in
+// order of preference) when Config.Transports is empty, e.g. "grpc" to pin the path between
+// hosts.
+const TransportsEnv = "TENSORPLAY_RPC_TRANSPORTS"
+
+// Transport names.
+const (
+	// TransportSHM carries calls through shared memory, to workers on the same host.
+	TransportSHM = "shm"
+	// TransportGRPC carries calls over gRPC, to any worker.
+	TransportGRPC = "grpc"
+)
+
+// DefaultTransports is shared memory to workers on this host, gRPC to the others.
+var DefaultTransports = []string{TransportSHM, TransportGRPC}
+
+// ParseTransports reads a comma-separated list of transport names.
+func ParseTransports(s string) ([]string, error) {
+	var names []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names, checkTransports(names)
+}
+
+func checkTransports(names []string) error {
+	if len(names) == 0 {
+		return fmt.Errorf("no transport named: want some of %q, %q", TransportSHM, TransportGRPC)
+	}
+	for i, n := range names {
+		if n != TransportSHM && n != TransportGRPC {
+			return fmt.Errorf("unknown transport %q: want %q or %q", n, TransportSHM, TransportGRPC)
+		}
+		if slices.Contains(names[:i], n) {
+			return fmt.Errorf("transport %q named twice", n)
+		}
+	}
+	return nil
+}
+
+// newTransport builds the transports cfg names (see Config.Transports), preferred in order.
+func newTransport(cfg Config, getenv func(string) string) (transport.Transport, error) {
+	names := cfg.Transports
+	if len(names) == 0 {
+		if env := getenv(TransportsEnv); env != "" {
+			var err error
+			if names, err = ParseTransports(env); err != nil {
+				return nil, fmt.Errorf("%s=%q: %w", TransportsEnv, env, err)
+			}
+		}
+	}
+	if len(names) == 0 {
+		names = DefaultTransports
+	}
+	if err := checkTransports(names); err != nil {
+		return nil, err
+	}
+	var choices []transport.Choice
+	for _, n := range names {
+		var t transport.Transport
+		var err error
+		switch n {
+		case TransportSHM:
+			t, err = shmtransport.New(cfg.Token, 0)
+		case TransportGRPC:
+			t, err = grpctransport.New(cfg.Token, cfg.TLS)
+		}
+		if err != nil {
+			for _, c := range choices {
+				c.Transport.Close()
+			}
+			return nil, fmt.Errorf("%s transport: %w", n, err)
+		}
+		choices = append(choices, transport.Choice{Name: n, Transport: t})
+	}
+	return transport.NewChooser(choices...), nil
+}

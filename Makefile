@@ -24,7 +24,7 @@ help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make bench  tensorplay_rpc vs torch.distributed.rpc vs raw TCP, in one run"
-	@echo "make fuzz   fuzz the frame decoder, the reassembler and the store for 5 minutes each"
+	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 5 minutes each"
 	@echo "make soak   a 10-minute soak of a world of 4"
 
 # Installs only what is missing, so a warm machine does no network work.
@@ -77,10 +77,14 @@ vet: deps
 	@test -z "$$(gofmt -l core pybind tools)" || { echo "gofmt needed:"; gofmt -l core pybind tools; exit 1; }
 
 # Every fuzz target (name:package) in turn: go test fuzzes one at a time.
-FUZZ_TARGETS := FuzzFrameDecode:./core/wire FuzzReassembly:./core FuzzStoreRequest:./core/rendezvous
+FUZZ_TARGETS := FuzzFrameDecode:./core/wire FuzzReassembly:./core FuzzStoreRequest:./core/rendezvous \
+	FuzzRingReader:./core/transport/shmtransport
 
+# Agents on one host talk over shared memory by default; the second run pins their worlds to
+# gRPC, the path between hosts, so every agent test covers both transports.
 test-go: deps
 	go test -race -count=1 -timeout 15m ./...
+	TENSORPLAY_RPC_TRANSPORTS=grpc go test -race -count=1 -timeout 15m ./core/...
 	@for t in $(FUZZ_TARGETS); do \
 		go test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s "$${t#*:}" || exit 1; \
 	done

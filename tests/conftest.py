@@ -165,6 +165,15 @@ def run_world(scenario: str, world_size: int, *, timeout: float = 60, expect_ok:
     return results
 
 
+@pytest.fixture(params=["shm", "grpc"])
+def each_transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once per transport: the worlds it starts are pinned to it (through
+    TENSORPLAY_RPC_TRANSPORTS), so the same-host path and the path between hosts are both
+    tested."""
+    monkeypatch.setenv("TENSORPLAY_RPC_TRANSPORTS", request.param)
+    return request.param
+
+
 @pytest.fixture
 def world():
     """Start worlds whose processes are killed by PID when the test ends."""

@@ -4,6 +4,9 @@ import pytest
 
 from conftest import run_world
 
+# Every world here runs once over shared memory and once over gRPC.
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_every_worker_calls_every_worker(world_size):

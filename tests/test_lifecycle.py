@@ -1,5 +1,6 @@
 """init_rpc and shutdown: the world forming, failing to form, and ending."""
 
+import os
 import subprocess
 import time
 
@@ -7,6 +8,9 @@ import pytest
 
 import tensorplay_rpc as rpc
 from conftest import free_port, run_world
+
+# Every world here runs once over shared memory and once over gRPC.
+pytestmark = pytest.mark.usefixtures("each_transport")
 
 
 def test_calls_before_init_raise():
@@ -124,7 +128,8 @@ def test_reinit_after_shutdown():
     assert [r.value for r in results] == [(2, 4), (2, 4)]
 
 
-def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path):
+def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path, each_transport):
+    shm_files_before = set(os.listdir("/dev/shm"))
     ready = tmp_path / "ready"
     w = world("faults:peer_dies", 3, args=[str(ready)])
     deadline = time.monotonic() + 30
@@ -144,6 +149,15 @@ def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path):
     assert out["shutdown_took"] < 10
     for r in (results[0], results[2]):
         assert 'worker "worker1" is gone' in r.output, r.output
+    # Shared memory carried the calls only when chosen, and nothing of it outlives the world:
+    # no region stays mapped after shutdown, and no file is left in /dev/shm (regions are
+    # memfds, which have none).
+    if each_transport == "shm":
+        assert out["mapped_while_calling"] >= 2, out  # to worker1 and to worker2, at least
+    else:
+        assert out["mapped_while_calling"] == 0, out
+    assert out["mapped_after_shutdown"] == 0, out
+    assert set(os.listdir("/dev/shm")) <= shm_files_before
 
 
 def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):

@@ -9,6 +9,9 @@ import torch
 from conftest import run_world
 from tensorplay_rpc.internal import deserialize, serialize
 
+# Every world here runs once over shared memory and once over gRPC.
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 
 @pytest.mark.parametrize(
     "value",

@@ -5,6 +5,9 @@ import pytest
 import tensorplay_rpc as rpc
 from conftest import run_world
 
+# Every world here runs once over shared memory and once over gRPC.
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 
 def test_remote_and_rref_methods():
     out = run_world("rrefs:remote_basics", 2)[0].value

@@ -6,7 +6,7 @@ import time
 
 import tensorplay_rpc as rpc
 
-from .common import Sleeper, add, init, options, set_done, slow, wait_done
+from .common import Sleeper, add, init, options, set_done, shm_mappings, slow, wait_done
 
 
 def try_init(rank, world_size, name=None, rank_override=None, rpc_timeout="3"):
@@ -67,7 +67,9 @@ def peer_dies(rank, world_size, ready_file):
         for t in threads:
             t.start()
         rpc.rpc_sync("worker1", add, args=(1, 1))  # the slow calls are in worker1's hands now
+        rpc.rpc_sync("worker2", add, args=(1, 1))
         time.sleep(0.3)
+        out["mapped_while_calling"] = shm_mappings()
         with open(ready_file, "w") as f:
             f.write("ready")
         errors = []
@@ -93,6 +95,7 @@ def peer_dies(rank, world_size, ready_file):
         start = time.monotonic()
         rpc.shutdown()  # graceful: must not wait for the dead worker
         out["shutdown_took"] = time.monotonic() - start
+        out["mapped_after_shutdown"] = shm_mappings()
     elif rank == 1:
         time.sleep(120)  # killed by the test long before this
     else:

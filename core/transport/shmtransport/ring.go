@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // ringCtrl is the control block of one direction of a stream, in shared memory. Each field
@@ -193,6 +196,22 @@ func (r *ringReader) release() {
 		ctrl.spaceSeq.Add(1)
 		futexWakeAll(&ctrl.spaceSeq)
 	}
+}
+
+// readFrame reads and decodes the next frame, with chunk bytes going where sink says.
+func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire.Frame, error) {
+	if _, err := r.begin(wire.MaxFrameBytes); err != nil {
+		return nil, err
+	}
+	f := &wire.Frame{Sink: sink}
+	dec.Reset(r)
+	if err := f.DecodeMsgpack(dec); err != nil {
+		return nil, fmt.Errorf("bad frame: %w", err)
+	}
+	if err := r.end(); err != nil {
+		return nil, fmt.Errorf("bad frame: %w", err)
+	}
+	return f, nil
 }
 
 // begin starts reading the next frame and returns its length, at most maxLen.

@@ -74,16 +74,9 @@ func (s *stream) Recv() (*wire.Frame, error) {
 		return nil, s.broken()
 	}
 	defer s.leave()
-	if _, err := s.in.begin(wire.MaxFrameBytes); err != nil {
-		return nil, s.fail(err)
-	}
-	f := &wire.Frame{Sink: s.sink}
-	s.dec.Reset(&s.in)
-	if err := f.DecodeMsgpack(s.dec); err != nil {
-		return nil, s.fail(fmt.Errorf("bad frame from %s: %w", s.peer, err))
-	}
-	if err := s.in.end(); err != nil {
-		return nil, s.fail(fmt.Errorf("bad frame from %s: %w", s.peer, err))
+	f, err := s.in.readFrame(s.dec, s.sink)
+	if err != nil {
+		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 	}
 	return f, nil
 }

@@ -1,0 +1,49 @@
+package shmtransport
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+	"unsafe"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// errNoMoreData ends a fuzzed read where a real reader would sleep on the socket.
+var errNoMoreData = errors.New("no more data")
+
+// FuzzRingReader feeds the reader what a hostile peer controls: the write index and the ring's
+// bytes. Whatever they are, reading frames must end in frames or errors, never a panic, and
+// never read outside the ring.
+func FuzzRingReader(f *testing.F) {
+	var p wire.Parts
+	good, total, _ := p.Encode(&wire.Frame{Kind: wire.FrameRequest, ID: 7, Method: "m", Payload: []byte("hello")})
+	seed := binary.LittleEndian.AppendUint32(nil, uint32(total))
+	for _, piece := range good {
+		seed = append(seed, piece...)
+	}
+	f.Add(uint64(len(seed)), uint64(0), seed)
+	f.Add(uint64(1<<40), uint64(0), seed)
+	f.Add(uint64(3), uint64(5), []byte{0xff, 0xff, 0xff, 0x7f})
+	f.Add(uint64(len(seed)), uint64(MinRingBytes-3), seed) // a frame that wraps the ring's end
+	f.Fuzz(func(t *testing.T, written, start uint64, data []byte) {
+		words := make([]uint64, (2*ctrlBytes+2*MinRingBytes)/8) // 8-byte aligned, as a mapping is
+		mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+		rg := ringAt(mem, 0, MinRingBytes)
+		start %= MinRingBytes
+		for i, b := range data[:min(len(data), MinRingBytes)] {
+			rg.data[(start+uint64(i))%MinRingBytes] = b
+		}
+		rg.ctrl.head.Store(start + written)
+		rg.ctrl.tail.Store(start)
+		r := &ringReader{r: rg, tail: start, released: start, head: start, sleep: func() error { return errNoMoreData }}
+		dec := msgpack.NewDecoder(nil)
+		sink := func(id uint64, offset int64, n int) ([]byte, bool) { return make([]byte, min(n, 1<<20)), n <= 1<<20 }
+		for range 64 {
+			if _, err := r.readFrame(dec, sink); err != nil {
+				return
+			}
+		}
+	})
+}

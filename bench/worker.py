@@ -1,7 +1,7 @@
 """One rank of a benchmark world: ``worker.py SYSTEM WORKLOAD OUTFILE [ARGS...]``.
 
-SYSTEM is ``tensorplay`` (tensorplay_rpc) or ``torch`` (torch.distributed.rpc): both take the
-same script. RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment. Rank 0
+SYSTEM is ``tensorplay`` (tensorplay_rpc, its transports as bench.py pins them) or ``torch``
+(torch.distributed.rpc): both take the same script. RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment. Rank 0
 measures and writes its results as JSON to OUTFILE.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 from common import Counter, add, echo, idle_cpu_percent, make_payload, percentiles, sink, start_peak, stop_peak
 
 SYSTEM, WORKLOAD, OUTFILE, *ARGS = sys.argv[1:]
-if SYSTEM == "torch":
+if SYSTEM.startswith("torch"):
     import torch.distributed.rpc as rpc
 else:
     import tensorplay_rpc as rpc

@@ -13,8 +13,8 @@ import (
 // Agent is a worker's agent as Python holds it.
 type Agent struct {
 	agent    *core.Agent
-	requests chan *Request
-	events   chan *Event
+	requests *mailbox[Request]
+	events   *mailbox[Event]
 
 	lendMu   sync.Mutex
 	nextLend int64
@@ -90,11 +90,11 @@ func (s *Starter) Agent() (*Agent, error) {
 
 func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports []string) (*Agent, error) {
 	a := &Agent{
-		requests:     make(chan *Request, 1<<16),
-		events:       make(chan *Event, 1<<16),
 		lent:         map[int64]core.Message{},
 		shutdownDone: make(chan struct{}),
 	}
+	a.requests = newMailbox[Request](1<<16, a.shutdownDone)
+	a.events = newMailbox[Event](1<<16, a.shutdownDone)
 	ag, err := core.Start(ctx, core.Config{
 		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
 		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
@@ -172,7 +172,11 @@ func (a *Agent) Closed() bool {
 func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 	a.shutdownOnce.Do(func() {
 		go func() {
-			defer close(a.shutdownDone)
+			defer func() {
+				close(a.shutdownDone)
+				a.requests.ringAll()
+				a.events.ringAll()
+			}()
 			ctx, cancel := context.Background(), context.CancelFunc(func() {})
 			if timeoutMs > 0 {
 				ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)

@@ -12,30 +12,26 @@ import (
 type Call struct {
 	agent  *Agent
 	future *core.CallFuture
+	done   signal // fired when the future completes
 }
 
 // Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
 // longer uses the request's memory.
 func (c *Call) Wait(timeoutMs int) bool {
-	done, sent := c.future.Done(), c.future.Sent()
-	select {
-	case <-done:
-		select {
-		case <-sent:
-			return true
-		default:
-		}
-	default:
-	}
-	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	d := time.Duration(timeoutMs) * time.Millisecond
+	if !c.done.wait(d) {
 		return false
 	}
+	sent := c.future.Sent()
 	select {
-	case <-c.future.Sent():
+	case <-sent:
+		return true
+	default: // a big request still being sent or given up on: rare, so a channel will do
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-sent:
 		return true
 	case <-t.C:
 		return false
@@ -90,6 +86,7 @@ func (a *Agent) Call(to int, table uintptr, nseg int, borrow bool, timeoutMs int
 	}
 	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, pyMethod, segments(table, nseg, borrow))}
 	c.future.AfterDone(func() {
+		c.done.fire()
 		cancel()
 		if notifyID <= 0 {
 			return

@@ -27,15 +27,16 @@ func (e *Event) NotifyID() int64 { return e.notifyID }
 
 // post queues an event without blocking the goroutine that found it.
 func (a *Agent) post(e *Event) {
-	select {
-	case a.events <- e:
-	default:
-		go func() { a.events <- e }()
+	if !a.events.tryPut(e) {
+		go func() {
+			a.events.ch <- e
+			a.events.ring()
+		}()
 	}
 }
 
 // NextEvent returns the next event, or nil if none came within timeoutMs or the agent is
 // shut down and no event is queued.
 func (a *Agent) NextEvent(timeoutMs int) *Event {
-	return receive(a.events, timeoutMs, a.shutdownDone)
+	return a.events.take(timeoutMs)
 }

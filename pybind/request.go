@@ -1,8 +1,6 @@
 package pybind
 
 import (
-	"time"
-
 	"github.com/tensorplay/tensorplay-rpc/core"
 )
 
@@ -12,7 +10,8 @@ type queueHandler struct{ a *Agent }
 func (h queueHandler) ServeRPC(call *core.ServerCall) {
 	r := &Request{call: call, Segments: Segments{msg: call.Request, agent: h.a}}
 	select {
-	case h.a.requests <- r:
+	case h.a.requests.ch <- r:
+		h.a.requests.ring()
 	case <-call.Context().Done():
 		// While the queue is full the caller's stream is not read (the core bounds each
 		// caller's calls in flight, so this takes very many callers); a call whose caller gave
@@ -25,26 +24,7 @@ func (h queueHandler) ServeRPC(call *core.ServerCall) {
 // NextRequest returns the next request for Python to run, or nil if none came within
 // timeoutMs or the agent is shut down.
 func (a *Agent) NextRequest(timeoutMs int) *Request {
-	return receive(a.requests, timeoutMs, a.shutdownDone)
-}
-
-// receive takes the next item of ch, waiting at most timeoutMs and not past closed; it
-// returns nil if none came.
-func receive[T any](ch <-chan *T, timeoutMs int, closed <-chan struct{}) *T {
-	select {
-	case v := <-ch:
-		return v
-	default:
-	}
-	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
-	defer t.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-t.C:
-	case <-closed:
-	}
-	return nil
+	return a.requests.take(timeoutMs)
 }
 
 // Request is one incoming Python-level call.

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tensorplay/tensorplay-rpc/core/futex"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -121,7 +122,7 @@ func (w *ringWriter) space() (uint64, error) {
 		seq := ctrl.spaceSeq.Load()
 		ctrl.writerAsleep.Store(1)
 		if ctrl.tail.Load() == tail {
-			futexSleep(&ctrl.spaceSeq, seq, spaceWaitSlice)
+			futex.Sleep(&ctrl.spaceSeq, seq, spaceWaitSlice)
 		}
 		if err := w.broken(); err != nil {
 			return 0, err
@@ -194,7 +195,7 @@ func (r *ringReader) release() {
 	r.released = r.tail
 	if ctrl.writerAsleep.Load() != 0 && ctrl.writerAsleep.CompareAndSwap(1, 0) {
 		ctrl.spaceSeq.Add(1)
-		futexWakeAll(&ctrl.spaceSeq)
+		futex.WakeAll(&ctrl.spaceSeq)
 	}
 }
 

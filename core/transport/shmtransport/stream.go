@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorplay/tensorplay-rpc/core/futex"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
@@ -175,7 +176,7 @@ func (s *stream) Close() error {
 	close(s.done)
 	s.conn.Close()
 	s.out.r.ctrl.spaceSeq.Add(1)
-	futexWakeAll(&s.out.r.ctrl.spaceSeq)
+	futex.WakeAll(&s.out.r.ctrl.spaceSeq)
 	s.leave()
 	if onClose != nil {
 		onClose()

@@ -103,6 +103,18 @@ def idle_cpu_percent(seconds=5.0):
     return (cpu_seconds() - before) / (time.perf_counter() - t0) * 100
 
 
+# The counter of calls into the Go extension, where phases.py installed one.
+BOUNDARY_CALLS = [None]
+
+
+def costs():
+    """(calls into the Go extension, voluntary context switches) of this process so far."""
+    import resource
+
+    counter = BOUNDARY_CALLS[0]
+    return (counter.calls if counter is not None else 0), resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 # When the callee's Python thread picked up the request being timed (phases.py).
 PICKED_AT = [0.0]
 

@@ -106,3 +106,46 @@ func startPair(handlers map[string]core.Handler) ([]*core.Agent, error) {
 	}
 	return agents, nil
 }
+
+// Workers on one host talk over shared memory unless told otherwise; Config.Transports (or
+// TENSORPLAY_RPC_TRANSPORTS) pins them, here to gRPC, the path between hosts.
+func ExampleConfig_transports() {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	store := "tcp://" + l.Addr().String()
+	l.Close()
+
+	echo := core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+		return req, nil
+	})
+	agents := make([]*core.Agent, 2)
+	var wg sync.WaitGroup
+	for rank := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := core.Start(context.Background(), core.Config{
+				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
+				Handlers:   map[string]core.Handler{"echo": echo},
+				Transports: []string{core.TransportGRPC},
+			})
+			if err != nil {
+				panic(err)
+			}
+			agents[rank] = a
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, a := range agents {
+			a.Shutdown(context.Background(), false)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := agents[0].Call(ctx, "w1", "echo", core.Message{Payload: []byte("over gRPC")})
+	fmt.Println(string(resp.Payload), err)
+	fmt.Println(strings.HasPrefix(agents[1].Self().Addr, "grpc="), strings.Contains(agents[1].Self().Addr, "shm="))
+	// Output:
+	// over gRPC <nil>
+	// true false
+}

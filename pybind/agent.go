@@ -93,8 +93,8 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		lent:         map[int64]core.Message{},
 		shutdownDone: make(chan struct{}),
 	}
-	a.requests = newMailbox[Request](1<<16, a.shutdownDone)
-	a.events = newMailbox[Event](1<<16, a.shutdownDone)
+	a.requests = newMailbox[Request](a.shutdownDone)
+	a.events = newMailbox[Event](a.shutdownDone)
 	ag, err := core.Start(ctx, core.Config{
 		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
 		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
@@ -174,8 +174,8 @@ func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 		go func() {
 			defer func() {
 				close(a.shutdownDone)
-				a.requests.ringAll()
-				a.events.ringAll()
+				a.requests.wakeAll()
+				a.events.wakeAll()
 			}()
 			ctx, cancel := context.Background(), context.CancelFunc(func() {})
 			if timeoutMs > 0 {

@@ -19,19 +19,23 @@ type Call struct {
 // longer uses the request's memory.
 func (c *Call) Wait(timeoutMs int) bool {
 	d := time.Duration(timeoutMs) * time.Millisecond
-	if !c.done.wait(d) {
-		return false
+	if c.done.wait(min(d, hotWait)) {
+		select {
+		case <-c.future.Sent():
+			return true
+		default: // a big request still being sent or given up on
+		}
 	}
-	sent := c.future.Sent()
-	select {
-	case <-sent:
-		return true
-	default: // a big request still being sent or given up on: rare, so a channel will do
-	}
+	// A long wait (see mailbox) or a big request: on channels, without holding a P.
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-sent:
+	case <-c.future.Done():
+	case <-t.C:
+		return false
+	}
+	select {
+	case <-c.future.Sent():
 		return true
 	case <-t.C:
 		return false

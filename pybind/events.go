@@ -26,14 +26,7 @@ func (e *Event) Kind() int { return e.kind }
 func (e *Event) NotifyID() int64 { return e.notifyID }
 
 // post queues an event without blocking the goroutine that found it.
-func (a *Agent) post(e *Event) {
-	if !a.events.tryPut(e) {
-		go func() {
-			a.events.ch <- e
-			a.events.ring()
-		}()
-	}
-}
+func (a *Agent) post(e *Event) { a.events.put(e) }
 
 // NextEvent returns the next event, or nil if none came within timeoutMs or the agent is
 // shut down and no event is queued.

@@ -1,80 +1,139 @@
 package pybind
 
 import (
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/futex"
 )
 
-// mailbox is a queue that Python threads wait on in a futex rather than on a channel. A
+// mailbox is a queue that Python threads wait on, first in a futex, then on a channel. A
 // Python thread in Go is locked to its goroutine: woken through a channel, Go's scheduler hands
 // the waker's P to that thread and parks the waker, two context switches more per wake-up
-// (expensive on a VM); a futex wakes the sleeping thread directly.
+// (expensive on a VM); a futex wakes the sleeping thread directly. But a thread asleep in a
+// futex keeps its P, which Go's sysmon must take back (polling every 20 us while it does), so
+// only the first hotWait of a wait is spent in the futex; an idle thread then waits on a
+// channel, without a P. An item goes to a thread in its futex first, so the threads that keep
+// busy keep the work.
 type mailbox[T any] struct {
-	ch       chan *T
-	bell     atomic.Uint32 // bumped for every item put while someone sleeps
-	sleepers atomic.Int32
-	closed   chan struct{}
+	mu    sync.Mutex
+	items []*T
+	hot   int           // threads asleep in the futex
+	bell  atomic.Uint32 // bumped for every item put while a thread is hot
+	cold  []chan struct{}
+	// closed, once closed, ends every wait.
+	closed chan struct{}
 }
 
-func newMailbox[T any](size int, closed chan struct{}) *mailbox[T] {
-	return &mailbox[T]{ch: make(chan *T, size), closed: closed}
+func newMailbox[T any](closed chan struct{}) *mailbox[T] {
+	return &mailbox[T]{closed: closed}
 }
 
-// ring wakes one sleeper, if any, after an item was put into ch.
-func (m *mailbox[T]) ring() {
-	if m.sleepers.Load() > 0 {
+// hotWait is how long a Python thread waits in a futex before it waits without a P.
+const hotWait = 2 * time.Millisecond
+
+// put queues v and wakes one waiting thread. It never blocks: the core bounds the calls each
+// caller has in service, and so the requests queued here.
+func (m *mailbox[T]) put(v *T) {
+	m.mu.Lock()
+	m.items = append(m.items, v)
+	switch {
+	case m.hot > 0:
 		m.bell.Add(1)
+		m.mu.Unlock()
 		futex.Wake(&m.bell, 1)
+	case len(m.cold) > 0:
+		c := m.cold[len(m.cold)-1]
+		m.cold = m.cold[:len(m.cold)-1]
+		m.mu.Unlock()
+		c <- struct{}{} // buffered: never blocks
+	default:
+		m.mu.Unlock()
 	}
 }
 
-// ringAll wakes every sleeper (the mailbox is closing).
-func (m *mailbox[T]) ringAll() {
-	m.bell.Add(1)
-	futex.WakeAll(&m.bell)
+// pop takes the next item; m.mu is held.
+func (m *mailbox[T]) pop() *T {
+	if len(m.items) == 0 {
+		return nil
+	}
+	v := m.items[0]
+	m.items[0] = nil
+	m.items = m.items[1:]
+	if len(m.items) == 0 {
+		m.items = nil // let the backing array go
+	}
+	return v
 }
 
-// tryPut puts v if there is room.
-func (m *mailbox[T]) tryPut(v *T) bool {
-	select {
-	case m.ch <- v:
-		m.ring()
-		return true
-	default:
-		return false
+// wakeAll wakes every waiting thread (the mailbox is closing).
+func (m *mailbox[T]) wakeAll() {
+	m.mu.Lock()
+	cold := m.cold
+	m.cold = nil
+	m.bell.Add(1)
+	m.mu.Unlock()
+	futex.WakeAll(&m.bell)
+	for _, c := range cold {
+		c <- struct{}{}
 	}
 }
 
 // take returns the next item, waiting at most timeoutMs and not past closed; nil if none came.
 func (m *mailbox[T]) take(timeoutMs int) *T {
-	deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+	d := time.Duration(timeoutMs) * time.Millisecond
+	start := time.Now()
+	hotUntil := start.Add(min(d, hotWait))
 	for {
-		seen := m.bell.Load()
-		m.sleepers.Add(1)
-		select {
-		case v := <-m.ch:
-			m.sleepers.Add(-1)
+		m.mu.Lock()
+		if v := m.pop(); v != nil {
+			m.mu.Unlock()
 			return v
-		case <-m.closed:
-			m.sleepers.Add(-1)
-			return nil
-		default:
 		}
-		left := time.Until(deadline)
-		if left > 0 {
-			futex.Sleep(&m.bell, seen, left)
+		left := time.Until(hotUntil)
+		if left <= 0 || isClosed(m.closed) {
+			break // with m.mu held
 		}
-		m.sleepers.Add(-1)
-		if left <= 0 {
-			select {
-			case v := <-m.ch:
-				return v
-			default:
-				return nil
-			}
-		}
+		m.hot++
+		seen := m.bell.Load()
+		m.mu.Unlock()
+		futex.Sleep(&m.bell, seen, left)
+		m.mu.Lock()
+		m.hot--
+		m.mu.Unlock()
+	}
+	rest := d - time.Since(start)
+	if rest <= 0 || isClosed(m.closed) {
+		m.mu.Unlock()
+		return nil
+	}
+	woken := make(chan struct{}, 1)
+	m.cold = append(m.cold, woken)
+	m.mu.Unlock()
+	t := time.NewTimer(rest)
+	defer t.Stop()
+	select {
+	case <-woken:
+	case <-m.closed:
+	case <-t.C:
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i := slices.Index(m.cold, woken); i >= 0 {
+		m.cold = slices.Delete(m.cold, i, i+1)
+	}
+	// Whatever woke this thread, an item may be waiting: a put that chose it must not be lost.
+	return m.pop()
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 

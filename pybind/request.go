@@ -7,18 +7,9 @@ import (
 // queueHandler hands Python-level requests to Python's executor threads.
 type queueHandler struct{ a *Agent }
 
+// ServeRPC queues the call; the core bounds each caller's calls in service, and so the queue.
 func (h queueHandler) ServeRPC(call *core.ServerCall) {
-	r := &Request{call: call, Segments: Segments{msg: call.Request, agent: h.a}}
-	select {
-	case h.a.requests.ch <- r:
-		h.a.requests.ring()
-	case <-call.Context().Done():
-		// While the queue is full the caller's stream is not read (the core bounds each
-		// caller's calls in flight, so this takes very many callers); a call whose caller gave
-		// up or left meanwhile is dropped.
-		r.Segments.Release()
-		call.Fail(call.Context().Err())
-	}
+	h.a.requests.put(&Request{call: call, Segments: Segments{msg: call.Request, agent: h.a}})
 }
 
 // NextRequest returns the next request for Python to run, or nil if none came within

@@ -152,3 +152,34 @@ def test_rref_needs_an_initialized_worker():
         rpc.RRef(1)
     with pytest.raises(RuntimeError, match="RPC has not been initialized"):
         rpc.remote("w", max, args=(1, 2))
+
+
+@pytest.mark.parametrize(
+    "given, env, want",
+    [
+        (None, None, ["shm", "grpc"]),
+        (["uv"], None, ["grpc"]),
+        (["shm", "uv", "grpc"], None, ["shm", "grpc"]),
+        (None, "grpc", ["grpc"]),
+        (["shm"], "grpc", ["shm"]),  # the option wins over the environment
+    ],
+)
+def test_transport_choice(monkeypatch, given, env, want):
+    if env is None:
+        monkeypatch.delenv("TENSORPLAY_RPC_TRANSPORTS", raising=False)
+    else:
+        monkeypatch.setenv("TENSORPLAY_RPC_TRANSPORTS", env)
+    assert rpc.TensorPipeRpcBackendOptions(_transports=given).transport_names() == want
+
+
+@pytest.mark.parametrize("given", [["ibv"], [], "shm", ["tcp", "shm"]])
+def test_bad_transports_are_refused(given):
+    with pytest.raises((ValueError, TypeError)) as info:
+        rpc.TensorPipeRpcBackendOptions(_transports=given)
+    assert "_transports" in str(info.value)
+
+
+def test_bad_transports_env_is_refused(monkeypatch):
+    monkeypatch.setenv("TENSORPLAY_RPC_TRANSPORTS", "grpc,carrier-pigeon")
+    with pytest.raises(ValueError, match="TENSORPLAY_RPC_TRANSPORTS.*carrier-pigeon"):
+        rpc.TensorPipeRpcBackendOptions().transport_names()

@@ -1,0 +1,84 @@
+package pybind
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestMailboxDeliversEveryItemOnce(t *testing.T) {
+	cases := []struct {
+		name string
+		// pause before each put: none (takers hot), or past hotWait (takers cold)
+		pause time.Duration
+	}{
+		{"takers in the futex", 0},
+		{"takers on the channel", 3 * hotWait},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := newMailbox[int](make(chan struct{}))
+			const takers, items = 4, 40
+			got := make(chan int, items)
+			var wg sync.WaitGroup
+			for range takers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						v := m.take(2000)
+						if v == nil || *v < 0 {
+							return
+						}
+						got <- *v
+					}
+				}()
+			}
+			for i := range items {
+				if c.pause > 0 && i%10 == 0 {
+					time.Sleep(c.pause)
+				}
+				m.put(&i)
+			}
+			seen := map[int]bool{}
+			for range items {
+				select {
+				case v := <-got:
+					if seen[v] {
+						t.Fatalf("item %d delivered twice", v)
+					}
+					seen[v] = true
+				case <-time.After(5 * time.Second):
+					t.Fatalf("only %d of %d items delivered", len(seen), items)
+				}
+			}
+			stop := -1
+			for range takers {
+				m.put(&stop)
+			}
+			wg.Wait()
+		})
+	}
+}
+
+func TestMailboxWaitsEnd(t *testing.T) {
+	closed := make(chan struct{})
+	m := newMailbox[int](closed)
+	start := time.Now()
+	if v := m.take(20); v != nil || time.Since(start) < 20*time.Millisecond {
+		t.Fatalf("an empty take returned %v after %s, want nil after 20ms", v, time.Since(start))
+	}
+	done := make(chan *int)
+	go func() { done <- m.take(60_000) }()
+	time.Sleep(3 * hotWait) // the taker is on the channel by now, or still in the futex: either must end
+	close(closed)
+	m.wakeAll()
+	select {
+	case v := <-done:
+		if v != nil {
+			t.Fatalf("take after close returned %v", *v)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a waiting take did not end when the mailbox closed")
+	}
+}

@@ -71,6 +71,22 @@ func (c *Call) ErrorMessage() string {
 	}
 }
 
+// Take waits for the call and hands its outcome to Python with one call (see Segments.Take):
+// the table at sizes gets the status first. A call that failed without a message (a timeout,
+// a lost peer) gives 0 segments; ErrorMessage says why.
+func (c *Call) Take(sizes uintptr, tableLen int, buf uintptr, bufLen int) int {
+	seg, err := c.outcome()
+	status := statusOf(err)
+	if status != StatusOK && status != StatusRemoteError {
+		if sizes == 0 || tableLen < 1 {
+			return -1
+		}
+		*(*int64)(pythonMemory(sizes)) = int64(status)
+		return 0
+	}
+	return seg.take(status, sizes, tableLen, buf, bufLen)
+}
+
 // Result is the reply, or for a remote error the detail the handler attached; it waits.
 func (c *Call) Result() *Segments {
 	s, _ := c.outcome()

@@ -72,3 +72,29 @@ func (s *Segments) Release() {
 		s.msg.Release()
 	}
 }
+
+// Take copies a small message to Python with one call: the int64 table at sizes (room for
+// tableLen entries) gets StatusOK then each segment's size, and buf (bufLen bytes) the segments
+// back to back; the message is released. It returns the number of segments, or -1, having
+// copied and released nothing, for a message lent in place or one that does not fit.
+func (s *Segments) Take(sizes uintptr, tableLen int, buf uintptr, bufLen int) int {
+	return s.take(StatusOK, sizes, tableLen, buf, bufLen)
+}
+
+func (s *Segments) take(status int, sizes uintptr, tableLen int, buf uintptr, bufLen int) (n int) {
+	count := s.NumSegments()
+	if s.msg.Pooled() || count+1 > tableLen || s.msg.Size() > bufLen || sizes == 0 || buf == 0 {
+		return -1
+	}
+	table := unsafe.Slice((*int64)(pythonMemory(sizes)), count+1)
+	dst := unsafe.Slice((*byte)(pythonMemory(buf)), bufLen)
+	table[0] = int64(status)
+	at := 0
+	for i := range count {
+		seg := s.segment(i)
+		table[i+1] = int64(len(seg))
+		at += copy(dst[at:], seg)
+	}
+	s.Release()
+	return count
+}

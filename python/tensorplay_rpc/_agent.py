@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import constants
-from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes
+from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes, scratch
 from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
@@ -166,12 +166,16 @@ class _CallFuture(Future):
         self._complete(value, exc)
 
     def _outcome(self, go_call: Any) -> Tuple[Any, Optional[BaseException]]:
-        status = go_call.Status()
-        if status == _go.StatusOK:
+        s = scratch()
+        count = go_call.Take(s.table_address, s.TABLE_LEN, s.buf_address, s.BUF_LEN)
+        if count >= 0:  # a small reply, or none: taken with that one call
+            status, payload, buffers = s.unpack(count)
+        else:
+            status = go_call.Status()
             payload, buffers = self._agent._read_message(go_call.Result())
+        if status == _go.StatusOK:
             return deserialize(payload, buffers), None
         if status == _go.StatusRemoteError:
-            payload, _ = self._agent._read_message(go_call.Result())
             try:
                 return None, RemoteException.decode(payload).to_exception()
             except Exception:
@@ -378,7 +382,12 @@ class PythonAgent:
 
     def _serve(self, go_request) -> None:
         try:
-            payload, buffers = self._read_message(go_request)
+            s = scratch()
+            count = go_request.Take(s.table_address, s.TABLE_LEN, s.buf_address, s.BUF_LEN)
+            if count >= 0:  # a small request: taken with that one call
+                _, payload, buffers = s.unpack(count)
+            else:
+                payload, buffers = self._read_message(go_request)
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
         except BaseException as exc:  # everything the user code raises goes back to the caller

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import threading
 import weakref
 from typing import Any, Callable, List, Sequence, Tuple, Union
 
@@ -133,3 +134,48 @@ def lent_view(address: int, size: int, on_release: Callable[[], None]) -> memory
     region = (ctypes.c_char * size).from_address(address)
     weakref.finalize(region, on_release)
     return memoryview(region).cast("B")
+
+
+class Scratch:
+    """Memory one thread takes small messages into with a single call to Go (``Take``): a
+    table (the status, then each segment's size) and a buffer holding the segments back to
+    back. Messages that do not fit, and big ones Go lends in place, go the long way."""
+
+    TABLE_LEN = 65
+    BUF_LEN = 64 << 10
+
+    def __init__(self) -> None:
+        self.table = (ctypes.c_int64 * self.TABLE_LEN)()
+        self.table_address = ctypes.addressof(self.table)
+        self.buf, self.buf_address = new_bytearray(self.BUF_LEN)
+
+    def unpack(self, count: int) -> Tuple[int, BufferLike, List[BufferLike]]:
+        """The status, payload and buffers of a message of ``count`` segments just taken.
+        Each is copied out of the scratch memory, which the thread's next message reuses."""
+        status = self.table[0]
+        if count == 0:
+            return status, b"", []
+        sizes = self.table[1 : count + 1]
+        view = memoryview(self.buf)
+        if count == 1:
+            return status, bytes(view[: sizes[0]]), []
+        total = sum(sizes)
+        kinds = bytes(view[total - sizes[-1] : total])  # the last segment (internal.serialize)
+        parts: List[BufferLike] = []
+        offset = 0
+        for i, size in enumerate(sizes[:-1]):
+            piece = view[offset : offset + size]
+            offset += size
+            parts.append(bytes(piece) if i > 0 and kinds[i - 1] == KIND_BYTES else bytearray(piece))
+        return status, parts[0], parts[1:]
+
+
+_scratch = threading.local()
+
+
+def scratch() -> Scratch:
+    """This thread's :class:`Scratch`."""
+    s = getattr(_scratch, "value", None)
+    if s is None:
+        s = _scratch.value = Scratch()
+    return s

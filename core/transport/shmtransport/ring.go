@@ -48,7 +48,7 @@ func ringAt(mem []byte, i, ringBytes int) ring {
 
 // publishStep is how many bytes of a big frame are written (or read) before the other side is
 // told: it can copy out one part while the next is copied in.
-const publishStep = 256 << 10
+const publishStep = 512 << 10
 
 // spaceWaitSlice bounds one futex sleep of a producer: a consumer that never wakes it (hostile,
 // or dead before it could) is rechecked this often.

@@ -23,7 +23,7 @@ PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
-	@echo "make bench  tensorplay_rpc vs torch.distributed.rpc vs raw TCP, in one run"
+	@echo "make bench  tensorplay_rpc (shm and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
 	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 5 minutes each"
 	@echo "make soak   a 10-minute soak of a world of 4"
 

@@ -85,17 +85,24 @@ func ExampleAgent_CallAsync() {
 // startPair starts a two-worker world on an in-memory network.
 func startPair(handlers map[string]core.Handler) ([]*core.Agent, error) {
 	store, network := rendezvous.NewMemStore(2), transport.NewInmemNetwork()
-	agents := make([]*core.Agent, 2)
-	errs := make([]error, 2)
+	return startAll(2, func(cfg *core.Config) {
+		cfg.Store, cfg.Transport, cfg.Handlers = store, network.Transport(), handlers
+	})
+}
+
+// startAll starts a world of n agents at once (each one's join waits for the others), named
+// w0…w(n-1), their configs finished by set.
+func startAll(n int, set func(*core.Config)) ([]*core.Agent, error) {
+	agents := make([]*core.Agent, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for rank := range agents {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			agents[rank], errs[rank] = core.Start(context.Background(), core.Config{
-				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2,
-				Store: store, Transport: network.Transport(), Handlers: handlers,
-			})
+			cfg := core.Config{Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: n}
+			set(&cfg)
+			agents[rank], errs[rank] = core.Start(context.Background(), cfg)
 		}()
 	}
 	wg.Wait()
@@ -117,24 +124,14 @@ func ExampleConfig_transports() {
 	echo := core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
 		return req, nil
 	})
-	agents := make([]*core.Agent, 2)
-	var wg sync.WaitGroup
-	for rank := range agents {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a, err := core.Start(context.Background(), core.Config{
-				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
-				Handlers:   map[string]core.Handler{"echo": echo},
-				Transports: []string{core.TransportGRPC},
-			})
-			if err != nil {
-				panic(err)
-			}
-			agents[rank] = a
-		}()
+	agents, err := startAll(2, func(cfg *core.Config) {
+		cfg.InitMethod = store
+		cfg.Handlers = map[string]core.Handler{"echo": echo}
+		cfg.Transports = []string{core.TransportGRPC}
+	})
+	if err != nil {
+		panic(err)
 	}
-	wg.Wait()
 	defer func() {
 		for _, a := range agents {
 			a.Shutdown(context.Background(), false)

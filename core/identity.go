@@ -4,13 +4,15 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
 
 // checkIdentity verifies that the peer that opened s may speak as worker, as its hello says:
 // a certificate that names a worker of this world must name this one, and the stream must
-// come from the host the worker registered at the rendezvous. A peer can thus act only as
+// come from the host the worker registered at the rendezvous (for a shared-memory stream: the
+// worker registered a shared-memory address on this host). A peer can thus act only as
 // itself (or, without TLS, as a worker on its own host).
 func (a *Agent) checkIdentity(s transport.Stream, worker WorkerInfo) error {
 	is, ok := s.(transport.IdentifiedStream)
@@ -26,6 +28,9 @@ func (a *Agent) checkIdentity(s transport.Stream, worker WorkerInfo) error {
 	}
 	if namesWorker && !slices.Contains(id.Names, worker.Name) {
 		return fmt.Errorf("a peer whose certificate names %v said it was worker %q", id.Names, worker.Name)
+	}
+	if id.HostAddrPrefix != "" && !strings.Contains(worker.Addr, id.HostAddrPrefix) {
+		return fmt.Errorf("a peer on this host said it was worker %q, which registered no shared-memory address here (%s)", worker.Name, worker.Addr)
 	}
 	if !sameHost(id.Addr, transport.NetworkAddr(worker.Addr)) {
 		return fmt.Errorf("a peer at %s said it was worker %q, registered at %s", id.Addr, worker.Name, worker.Addr)

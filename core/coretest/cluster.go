@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -153,3 +154,13 @@ func Peak(interval time.Duration, sample func() int64) (stop func() int64) {
 
 // GRPCAddr is the gRPC address of a, for tests that speak gRPC to it themselves.
 func GRPCAddr(a *core.Agent) string { return transport.NetworkAddr(a.Self().Addr) }
+
+// SHMAddr is the shared-memory address of a, or "" if it has none.
+func SHMAddr(a *core.Agent) string {
+	for _, part := range strings.Split(a.Self().Addr, ";") {
+		if a, ok := strings.CutPrefix(part, core.TransportSHM+"="); ok {
+			return a
+		}
+	}
+	return ""
+}

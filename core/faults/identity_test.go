@@ -9,6 +9,7 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -86,5 +87,46 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the holder's own release did not drop the value")
+	}
+}
+
+// TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost: a shared-memory stream comes from this
+// host, so its hello must name a worker that registered a shared-memory address here.
+func TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost(t *testing.T) {
+	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo})
+	cfgs[2].Transports = []string{core.TransportGRPC} // as if on another host: no shm address
+	c := coretest.Start(t, cfgs)
+	addr := coretest.SHMAddr(c.Agents[0])
+	if addr == "" {
+		t.Fatalf("w0 registered no shared-memory address: %s", c.Agents[0].Self().Addr)
+	}
+	cases := []struct {
+		claim  string
+		rank   int
+		served bool
+	}{
+		{"w1", 1, true},  // registered a shared-memory address here
+		{"w2", 2, false}, // did not: a local process cannot pass for it
+	}
+	for _, tc := range cases {
+		t.Run(tc.claim, func(t *testing.T) {
+			tr, err := shmtransport.New("", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := tr.Dial(ctx, addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Send(wire.HelloFrame(tc.claim, tc.rank))
+			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
+			resp, err := s.Recv()
+			if served := err == nil && resp.Status == wire.ReplyOK; served != tc.served {
+				t.Fatalf("a shared-memory stream claiming %s: served %v (%+v, %v), want %v", tc.claim, served, resp, err, tc.served)
+			}
+		})
 	}
 }

@@ -38,6 +38,10 @@ type PeerIdentity struct {
 	Addr string
 	// Names are the names the peer's TLS certificate carries (common name and DNS names).
 	Names []string
+	// HostAddrPrefix, for streams from this host's shared memory, starts the address of
+	// every worker that could have opened one: a peer here can only be a worker registered
+	// with a shared-memory address on this host.
+	HostAddrPrefix string
 }
 
 // IdentifiedStream is implemented by accepted streams whose transport knows who opened them.

@@ -23,6 +23,8 @@ type stream struct {
 	in   ringReader
 	// peer names the other end for errors.
 	peer string
+	// hostAddrPrefix starts the addresses of this host's shared-memory listeners.
+	hostAddrPrefix string
 
 	parts wire.Parts
 	dec   *msgpack.Decoder
@@ -38,7 +40,15 @@ type stream struct {
 	onClose  func()
 }
 
-var _ transport.SinkSetter = (*stream)(nil)
+var (
+	_ transport.SinkSetter       = (*stream)(nil)
+	_ transport.IdentifiedStream = (*stream)(nil)
+)
+
+// Identity implements transport.IdentifiedStream: an accepted stream comes from this host.
+func (s *stream) Identity() transport.PeerIdentity {
+	return transport.PeerIdentity{HostAddrPrefix: s.hostAddrPrefix}
+}
 
 // newStream runs over mem, writing ring out and reading ring 1-out.
 func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, peer string) *stream {

@@ -85,8 +85,21 @@ func (c *Chooser) names() string {
 	return strings.Join(names, ", ")
 }
 
-// Close closes every transport.
+// ListenStopper is implemented by transports that can stop accepting streams before Close
+// breaks the ones open.
+type ListenStopper interface {
+	StopListening()
+}
+
+// Close stops every transport listening, then closes them all: a peer that sees a stream of
+// this worker end and probes whether it is gone (to drop the RRef forks it held) must not
+// find it still listening on another transport.
 func (c *Chooser) Close() error {
+	for _, ch := range c.choices {
+		if s, ok := ch.Transport.(ListenStopper); ok {
+			s.StopListening()
+		}
+	}
 	var errs []error
 	for _, ch := range c.choices {
 		errs = append(errs, ch.Transport.Close())

@@ -132,6 +132,17 @@ func (t *Transport) dialFromLocalIP(ctx context.Context, addr string) (net.Conn,
 	return d.DialContext(ctx, "tcp", addr)
 }
 
+// StopListening stops the server at once (its own streams with it); dialed streams go on
+// until Close.
+func (t *Transport) StopListening() {
+	t.mu.Lock()
+	srv := t.server
+	t.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+	}
+}
+
 // Close stops the server at once and breaks every dialed stream. The server goes first: a
 // peer that sees this worker's streams end and probes it must find it gone.
 func (t *Transport) Close() error {

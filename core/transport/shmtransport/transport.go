@@ -183,6 +183,16 @@ func (t *Transport) track(s *stream) bool {
 	return true
 }
 
+// StopListening stops accepting streams; those open go on until Close.
+func (t *Transport) StopListening() {
+	t.mu.Lock()
+	lis := t.listener
+	t.mu.Unlock()
+	if lis != nil {
+		lis.Close()
+	}
+}
+
 // Close stops listening and ends every stream.
 func (t *Transport) Close() error {
 	t.mu.Lock()

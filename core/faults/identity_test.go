@@ -94,6 +94,8 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 // host, so its hello must name a worker that registered a shared-memory address here.
 func TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost(t *testing.T) {
 	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo})
+	cfgs[0].Transports = core.DefaultTransports // whatever TENSORPLAY_RPC_TRANSPORTS says
+	cfgs[1].Transports = core.DefaultTransports
 	cfgs[2].Transports = []string{core.TransportGRPC} // as if on another host: no shm address
 	c := coretest.Start(t, cfgs)
 	addr := coretest.SHMAddr(c.Agents[0])

@@ -65,9 +65,17 @@ func newTransport(cfg Config, getenv func(string) string) (transport.Transport, 
 	}
 	if len(names) == 0 {
 		names = DefaultTransports
+		if cfg.TLS != nil && cfg.Token == "" {
+			// Shared memory admits a process of this user that shows the token; without one,
+			// it would not hold a peer to what a certificate holds it to over gRPC.
+			names = []string{TransportGRPC}
+		}
 	}
 	if err := checkTransports(names); err != nil {
 		return nil, err
+	}
+	if cfg.TLS != nil && cfg.Token == "" && slices.Contains(names, TransportSHM) {
+		return nil, fmt.Errorf("the %q transport needs a token in a world under TLS: set one, or name only %q", TransportSHM, TransportGRPC)
 	}
 	var choices []transport.Choice
 	for _, n := range names {

@@ -20,15 +20,24 @@ import (
 type mailbox[T any] struct {
 	mu    sync.Mutex
 	items []*T
-	hot   int           // threads asleep in the futex
-	bell  atomic.Uint32 // bumped for every item put while a thread is hot
-	cold  []chan struct{}
+	// hot and cold are the waiting threads, in the futex and on channels. put takes one
+	// off its list as it wakes it, so each item wakes a thread of its own.
+	hot  []*hotWaiter
+	cold []chan struct{}
 	// closed, once closed, ends every wait.
 	closed chan struct{}
 }
 
 func newMailbox[T any](closed chan struct{}) *mailbox[T] {
 	return &mailbox[T]{closed: closed}
+}
+
+// hotWaiter is a thread asleep in its futex word until put sets it.
+type hotWaiter struct{ woken atomic.Uint32 }
+
+func (w *hotWaiter) wake() {
+	w.woken.Store(1)
+	futex.Wake(&w.woken, 1)
 }
 
 // hotWait is how long a Python thread waits in a futex before it waits without a P.
@@ -40,10 +49,11 @@ func (m *mailbox[T]) put(v *T) {
 	m.mu.Lock()
 	m.items = append(m.items, v)
 	switch {
-	case m.hot > 0:
-		m.bell.Add(1)
+	case len(m.hot) > 0:
+		w := m.hot[len(m.hot)-1]
+		m.hot = m.hot[:len(m.hot)-1]
 		m.mu.Unlock()
-		futex.Wake(&m.bell, 1)
+		w.wake()
 	case len(m.cold) > 0:
 		c := m.cold[len(m.cold)-1]
 		m.cold = m.cold[:len(m.cold)-1]
@@ -71,11 +81,12 @@ func (m *mailbox[T]) pop() *T {
 // wakeAll wakes every waiting thread (the mailbox is closing).
 func (m *mailbox[T]) wakeAll() {
 	m.mu.Lock()
-	cold := m.cold
-	m.cold = nil
-	m.bell.Add(1)
+	hot, cold := m.hot, m.cold
+	m.hot, m.cold = nil, nil
 	m.mu.Unlock()
-	futex.WakeAll(&m.bell)
+	for _, w := range hot {
+		w.wake()
+	}
 	for _, c := range cold {
 		c <- struct{}{}
 	}
@@ -96,12 +107,14 @@ func (m *mailbox[T]) take(timeoutMs int) *T {
 		if left <= 0 || isClosed(m.closed) {
 			break // with m.mu held
 		}
-		m.hot++
-		seen := m.bell.Load()
+		w := &hotWaiter{}
+		m.hot = append(m.hot, w)
 		m.mu.Unlock()
-		futex.Sleep(&m.bell, seen, left)
+		futex.Sleep(&w.woken, 0, left)
 		m.mu.Lock()
-		m.hot--
+		if i := slices.Index(m.hot, w); i >= 0 { // timed out: no put chose it
+			m.hot = slices.Delete(m.hot, i, i+1)
+		}
 		m.mu.Unlock()
 	}
 	rest := d - time.Since(start)

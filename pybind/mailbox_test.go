@@ -82,3 +82,47 @@ func TestMailboxWaitsEnd(t *testing.T) {
 		t.Fatal("a waiting take did not end when the mailbox closed")
 	}
 }
+
+// TestMailboxBurstWakesAThreadPerItem: a burst of items while one thread is in its futex and
+// the rest on channels wakes a thread for every item, so handlers that each hold their item
+// until all are taken (a call waiting on the others) all get one at once.
+func TestMailboxBurstWakesAThreadPerItem(t *testing.T) {
+	m := newMailbox[int](make(chan struct{}))
+	const takers, burst = 8, 7
+	var got sync.WaitGroup
+	got.Add(burst)
+	allGot := make(chan struct{})
+	go func() { got.Wait(); close(allGot) }()
+	for range takers {
+		go func() {
+			for {
+				v := m.take(5000)
+				if v == nil || *v < 0 {
+					return
+				}
+				if *v == 0 {
+					continue // the warm-up item: straight back, into the futex
+				}
+				got.Done()
+				<-allGot // hold the item, as a handler waiting on the others would
+				return
+			}
+		}()
+	}
+	time.Sleep(3 * hotWait) // all on channels now
+	warmUp := 0
+	m.put(&warmUp)          // one thread takes it and goes back to wait in its futex
+	time.Sleep(hotWait / 4) // while the others stay on their channels
+	for i := 1; i <= burst; i++ {
+		m.put(&i)
+	}
+	select {
+	case <-allGot:
+	case <-time.After(time.Second):
+		t.Fatal("a burst of items did not wake a thread for each within 1 s")
+	}
+	stop := -1
+	for range takers {
+		m.put(&stop)
+	}
+}

@@ -204,11 +204,13 @@ def _throwaway_ca(directory):
 
 def test_a_world_under_tls(world, tmp_path):
     _throwaway_ca(tmp_path)
-    results = run_world("faults:tls_world", 2, args=[str(tmp_path), "yes"])
+    # With the token too, as the README advises: shared memory needs one under TLS.
+    token = {"TENSORPLAY_RPC_TOKEN": "tls-world-secret"}
+    results = run_world("faults:tls_world", 2, args=[str(tmp_path), "yes"], env=token)
     assert [r.value for r in results] == [("joined", 1), ("joined", 2)]
     # A worker without a certificate is refused by the store.
-    ok = world("faults:tls_world", 2, ranks=[0], args=[str(tmp_path), "yes"])
-    plain = world("faults:tls_world", 2, ranks=[1], args=[str(tmp_path), "no"], env={"MASTER_PORT": str(ok.port)})
+    ok = world("faults:tls_world", 2, ranks=[0], args=[str(tmp_path), "yes"], env=token)
+    plain = world("faults:tls_world", 2, ranks=[1], args=[str(tmp_path), "no"], env={"MASTER_PORT": str(ok.port), **token})
     assert plain.finish(timeout=30)[0].value[0] == "refused"
     assert ok.finish(timeout=30)[0].value[0] == "refused"
 

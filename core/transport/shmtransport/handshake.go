@@ -37,6 +37,11 @@ var ErrRefused = errors.New("the worker refused the shared-memory stream (a diff
 
 // dialHandshake sets up a stream as the dialer: it creates the region, so it writes ring 0.
 func dialHandshake(conn *net.UnixConn, token string, ringBytes int) (mem []byte, err error) {
+	// Abstract socket names have no permissions: after a worker exits, another user could
+	// bind its name. The token goes only to a listener of this user.
+	if uid, ok := peerUID(conn); !ok || uid != os.Getuid() {
+		return nil, fmt.Errorf("%w: the socket belongs to another user", ErrRefused)
+	}
 	hello := make([]byte, 0, len(handshakeMagic)+4+len(token))
 	hello = append(hello, handshakeMagic...)
 	hello = append(hello, 0, 0, 0, 0)

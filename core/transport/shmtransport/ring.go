@@ -94,7 +94,7 @@ func (w *ringWriter) put(b []byte) error {
 		copy(w.r.data, b[k:n])
 		w.head += n
 		b = b[n:]
-		if w.head-w.published >= publishStep {
+		if w.head-w.published >= min(publishStep, w.r.size/4) {
 			if err := w.publish(); err != nil {
 				return err
 			}
@@ -158,24 +158,42 @@ type ringReader struct {
 	unread bool
 	// sleep waits for a wake-up byte on the socket.
 	sleep func() error
+	// broken is non-nil once the stream cannot go on; checked on every pass of a wait, so a
+	// peer that keeps moving the write index cannot keep the reader spinning past Close.
+	broken func() error
+	// last is the byte ReadByte returned; replay says UnreadByte gave it back. It is kept
+	// here, not read again from the ring, which the peer may have changed meanwhile.
+	last   byte
+	replay bool
 }
 
 // available waits for data and returns how much there is.
 func (r *ringReader) available() (uint64, error) {
+	return r.waitFor(1)
+}
+
+// waitFor waits until at least n bytes (at most the ring's size) are readable and returns
+// how many there are.
+func (r *ringReader) waitFor(n uint64) (uint64, error) {
 	ctrl := r.r.ctrl
-	for r.head == r.tail {
+	for r.head-r.tail < n {
+		if r.broken != nil {
+			if err := r.broken(); err != nil {
+				return 0, err
+			}
+		}
 		head := ctrl.head.Load()
 		if head-r.tail > r.r.size {
 			return 0, fmt.Errorf("%w: peer wrote to %d with %d bytes read", errCorrupt, head, r.tail)
 		}
-		if head != r.tail {
+		if head-r.tail >= n {
 			r.head = head
 			break
 		}
-		// Empty: give back all room before sleeping, so a producer waiting for it can go on.
+		// Not enough: give back all room before sleeping, so a producer waiting for it can go on.
 		r.release()
 		ctrl.readerAsleep.Store(1)
-		if ctrl.head.Load() != r.tail {
+		if ctrl.head.Load() != head {
 			continue // the producer will send a byte nobody waits for: a harmless extra wake-up
 		}
 		if err := r.sleep(); err != nil {
@@ -226,6 +244,14 @@ func (r *ringReader) begin(maxLen int) (int, error) {
 	if n > maxLen {
 		return 0, fmt.Errorf("peer announces a %d-byte frame, more than %d", n, maxLen)
 	}
+	// A frame that fits the ring is decoded only once all of it is there: a chunk's bytes go
+	// to memory reserved from the receive budget, and a peer that stopped halfway must not
+	// hold that memory in a decode that never ends (it is evicted while waiting here).
+	if uint64(n) <= r.r.size-uint64(len(prefix)) {
+		if _, err := r.waitFor(uint64(n)); err != nil {
+			return 0, err
+		}
+	}
 	r.left = n
 	return n, nil
 }
@@ -236,7 +262,7 @@ func (r *ringReader) end() error {
 		return fmt.Errorf("frame has %d bytes after its encoding", r.left)
 	}
 	r.unread = false
-	if r.tail-r.released >= publishStep {
+	if r.tail-r.released >= min(publishStep, r.r.size/4) {
 		r.release()
 	}
 	return nil
@@ -248,6 +274,13 @@ func (r *ringReader) Read(p []byte) (int, error) {
 	if r.left == 0 {
 		return 0, io.EOF
 	}
+	if r.replay && len(p) > 0 {
+		r.replay = false
+		p[0] = r.last
+		r.tail++
+		r.left--
+		return 1, nil
+	}
 	avail, err := r.available()
 	if err != nil {
 		return 0, err
@@ -258,7 +291,7 @@ func (r *ringReader) Read(p []byte) (int, error) {
 	copy(p[k:n], r.r.data)
 	r.tail += n
 	r.left -= int(n)
-	if r.tail-r.released >= publishStep {
+	if r.tail-r.released >= min(publishStep, r.r.size/4) {
 		r.release()
 	}
 	return int(n), nil
@@ -269,14 +302,18 @@ func (r *ringReader) ReadByte() (byte, error) {
 	if r.left == 0 {
 		return 0, io.EOF
 	}
-	if _, err := r.available(); err != nil {
-		return 0, err
+	if r.replay {
+		r.replay = false
+	} else {
+		if _, err := r.available(); err != nil {
+			return 0, err
+		}
+		r.last = r.r.data[r.tail&(r.r.size-1)]
 	}
-	b := r.r.data[r.tail&(r.r.size-1)]
 	r.tail++
 	r.left--
 	r.unread = true
-	return b, nil
+	return r.last, nil
 }
 
 // UnreadByte undoes the last ReadByte. The byte is still in the ring: reading releases room
@@ -286,6 +323,7 @@ func (r *ringReader) UnreadByte() error {
 		return errors.New("UnreadByte without a ReadByte before it")
 	}
 	r.unread = false
+	r.replay = true
 	r.tail--
 	r.left++
 	return nil

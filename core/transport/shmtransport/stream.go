@@ -54,7 +54,7 @@ func (s *stream) Identity() transport.PeerIdentity {
 func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, peer string) *stream {
 	s := &stream{conn: conn, mem: mem, peer: peer, dec: msgpack.NewDecoder(nil), done: make(chan struct{})}
 	s.out = ringWriter{r: ringAt(mem, out, ringBytes), wake: s.wakePeer, broken: s.broken}
-	s.in = ringReader{r: ringAt(mem, 1-out, ringBytes), sleep: s.sleep}
+	s.in = ringReader{r: ringAt(mem, 1-out, ringBytes), sleep: s.sleep, broken: s.broken}
 	return s
 }
 
@@ -63,7 +63,7 @@ func (s *stream) SetChunkSink(sink wire.ChunkSink) { s.sink = sink }
 // Send writes f into the outgoing ring.
 func (s *stream) Send(f *wire.Frame) error {
 	if !s.enter() {
-		return s.broken()
+		return s.ended()
 	}
 	defer s.leave()
 	pieces, total, err := s.parts.Encode(f)
@@ -82,7 +82,7 @@ func (s *stream) Send(f *wire.Frame) error {
 // Recv reads the next frame from the incoming ring.
 func (s *stream) Recv() (*wire.Frame, error) {
 	if !s.enter() {
-		return nil, s.broken()
+		return nil, s.ended()
 	}
 	defer s.leave()
 	f, err := s.in.readFrame(s.dec, s.sink)
@@ -108,6 +108,14 @@ func (s *stream) sleep() error {
 		return s.fail(fmt.Errorf("%s is gone: %w", s.peer, err))
 	}
 	return nil
+}
+
+// ended is why the stream ended, once it has.
+func (s *stream) ended() error {
+	if e := s.gone.Load(); e != nil {
+		return *e
+	}
+	return transport.ErrClosed
 }
 
 // broken says why the stream cannot go on, or nil. A producer waiting for room calls it every
@@ -177,12 +185,13 @@ func (s *stream) Close() error {
 		s.mu.Unlock()
 		return nil
 	}
+	// The reason goes first: a Send or Recv refused from now on must find it.
+	closedErr := error(transport.ErrClosed)
+	s.gone.CompareAndSwap(nil, &closedErr)
 	s.closed = true
 	s.users++ // this Close uses the region to wake a waiting producer
 	onClose := s.onClose
 	s.mu.Unlock()
-	closedErr := error(transport.ErrClosed)
-	s.gone.CompareAndSwap(nil, &closedErr)
 	close(s.done)
 	s.conn.Close()
 	s.out.r.ctrl.spaceSeq.Add(1)

@@ -153,7 +153,11 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 		deadline = d
 	}
 	conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) }) // a cancelled ctx ends the set-up
 	mem, err := dialHandshake(conn, t.sec.Token(), t.ringBytes)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("set up shared memory with %s: %w", addr, err)

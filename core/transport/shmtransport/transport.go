@@ -30,7 +30,7 @@ import (
 
 // DefaultRingBytes is the data area of each direction of a stream: big frames stream through
 // it, so it bounds memory per stream, not message size.
-const DefaultRingBytes = 2 << 20
+const DefaultRingBytes = 4 << 20
 
 // addrPrefix starts every address of this transport: shm://<host key>/<socket name>.
 const addrPrefix = "shm://"

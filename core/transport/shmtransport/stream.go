@@ -54,7 +54,9 @@ func (s *stream) Identity() transport.PeerIdentity {
 func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, peer string) *stream {
 	s := &stream{conn: conn, mem: mem, peer: peer, dec: msgpack.NewDecoder(nil), done: make(chan struct{})}
 	s.out = ringWriter{r: ringAt(mem, out, ringBytes), wake: s.wakePeer, broken: s.broken}
-	s.in = ringReader{r: ringAt(mem, 1-out, ringBytes), sleep: s.sleep, broken: s.broken}
+	// The reader checks only whether the stream ended: it learns of the peer's death from its
+	// own read of the socket, so it needs no poll of it on every wait.
+	s.in = ringReader{r: ringAt(mem, 1-out, ringBytes), sleep: s.sleep, broken: s.goneErr}
 	return s
 }
 
@@ -112,17 +114,25 @@ func (s *stream) sleep() error {
 
 // ended is why the stream ended, once it has.
 func (s *stream) ended() error {
+	if err := s.goneErr(); err != nil {
+		return err
+	}
+	return transport.ErrClosed
+}
+
+// goneErr says why the stream ended, or nil while it goes on.
+func (s *stream) goneErr() error {
 	if e := s.gone.Load(); e != nil {
 		return *e
 	}
-	return transport.ErrClosed
+	return nil
 }
 
 // broken says why the stream cannot go on, or nil. A producer waiting for room calls it every
 // wait slice: the peer's socket hanging up means it is gone even if nobody reads the socket.
 func (s *stream) broken() error {
-	if e := s.gone.Load(); e != nil {
-		return *e
+	if err := s.goneErr(); err != nil {
+		return err
 	}
 	if s.peerHungUp() {
 		return s.fail(fmt.Errorf("%s is gone", s.peer))

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,10 +156,6 @@ func GRPCAddr(a *core.Agent) string { return transport.NetworkAddr(a.Self().Addr
 
 // SHMAddr is the shared-memory address of a, or "" if it has none.
 func SHMAddr(a *core.Agent) string {
-	for _, part := range strings.Split(a.Self().Addr, ";") {
-		if a, ok := strings.CutPrefix(part, core.TransportSHM+"="); ok {
-			return a
-		}
-	}
-	return ""
+	addr, _ := transport.ChoiceAddr(a.Self().Addr, core.TransportSHM)
+	return addr
 }

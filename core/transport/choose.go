@@ -52,10 +52,9 @@ func (c *Chooser) Listen(host string, serve func(Stream)) (string, error) {
 // Dial opens a stream to the agent at addr over the first transport that reaches it. If that
 // fails, the next is tried: a peer that refuses shared memory may still take gRPC.
 func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
-	peer := splitChoices(addr)
 	var errs []error
 	for _, ch := range c.choices {
-		a, ok := peer[ch.Name]
+		a, ok := ChoiceAddr(addr, ch.Name)
 		if !ok {
 			continue
 		}
@@ -107,14 +106,14 @@ func (c *Chooser) Close() error {
 	return errors.Join(errs...)
 }
 
-func splitChoices(addr string) map[string]string {
-	m := map[string]string{}
+// ChoiceAddr is the address of the transport named name in a Chooser's address.
+func ChoiceAddr(addr, name string) (string, bool) {
 	for _, part := range strings.Split(addr, addrSep) {
-		if name, a, ok := strings.Cut(part, nameSep); ok {
-			m[name] = a
+		if n, a, ok := strings.Cut(part, nameSep); ok && n == name {
+			return a, true
 		}
 	}
-	return m
+	return "", false
 }
 
 // NetworkAddr is the host:port in addr, which may be a Chooser's address; addr itself if it

@@ -15,3 +15,20 @@ func TestNetworkAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestChoiceAddr(t *testing.T) {
+	addr := "shm=shm://boot.1/tensorplay-rpc/1/ab;grpc=10.0.0.2:80"
+	cases := []struct {
+		name, want string
+		ok         bool
+	}{
+		{"shm", "shm://boot.1/tensorplay-rpc/1/ab", true},
+		{"grpc", "10.0.0.2:80", true},
+		{"tcp", "", false},
+	}
+	for _, c := range cases {
+		if got, ok := ChoiceAddr(addr, c.name); got != c.want || ok != c.ok {
+			t.Errorf("ChoiceAddr(%q) = %q, %v; want %q, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -141,7 +141,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "hostilepeer:", err)
 		os.Exit(2)
 	}
-	at, ok := addressOf(*addr, *via)
+	at, ok := transport.ChoiceAddr(*addr, *via)
 	if !ok {
 		fmt.Fprintf(os.Stderr, "hostilepeer: the worker at %s does not listen on %s\n", *addr, *via)
 		os.Exit(2)
@@ -188,16 +188,6 @@ func choose(list string, shm bool) ([]attack, error) {
 		out = append(out, all[i])
 	}
 	return out, nil
-}
-
-// addressOf picks the address of transport via out of an agent's address ("shm=…;grpc=…").
-func addressOf(addr, via string) (string, bool) {
-	for _, part := range strings.Split(addr, ";") {
-		if name, a, ok := strings.Cut(part, "="); ok && name == via {
-			return a, true
-		}
-	}
-	return "", false
 }
 
 // reachable checks that something listens at the address: only then are the outcomes of the

@@ -24,7 +24,7 @@ help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make bench  tensorplay_rpc (shm and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
-	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 5 minutes each"
+	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 3 million runs each"
 	@echo "make soak   a 10-minute soak of a world of 4"
 
 # Installs only what is missing, so a warm machine does no network work.
@@ -94,9 +94,12 @@ soak: install
 	cd tests && TENSORPLAY_SOAK_SECONDS=600 ../$(PY) -m pytest -q -p no:cacheprovider test_soak.py
 
 # The fuzz targets: briefly in `make test`, longer here.
-FUZZTIME ?= 10s
+# Budgets are counts of executions, not durations: with a duration, Go 1.26's fuzzing
+# coordinator can fail a target with "context deadline exceeded" as the time runs out, with no
+# failing input (golang/go#75804, fixed in Go 1.27; seen here once in `make test`).
+FUZZTIME ?= 50000x
 fuzz:
-	$(MAKE) --no-print-directory test-go FUZZTIME=5m
+	$(MAKE) --no-print-directory test-go FUZZTIME=3000000x
 
 test-python: install
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider

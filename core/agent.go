@@ -112,9 +112,7 @@ type Agent struct {
 
 	refs          *refTable
 	onRRefDropped func(wire.RRefID)
-	releaseMu     sync.Mutex
-	releases      map[int][]wire.RefOp // queued releases, by owner
-	releaseKick   chan struct{}
+	refFlushArmed atomic.Bool  // a timer will send the queued reference operations (peer.refOps)
 	outstanding   atomic.Int64 // calls made and not yet completed
 	state         atomic.Int32
 	ready         chan struct{} // closed once the world is known
@@ -169,7 +167,6 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 
 		refs:          newRefTable(),
 		onRRefDropped: cfg.OnRRefDropped,
-		releaseKick:   make(chan struct{}, 1),
 	}
 	if a.log == nil {
 		a.log = slog.Default()
@@ -226,7 +223,6 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 		a.served[id] = make(chan struct{}, a.maxServedPerCaller)
 	}
 	close(a.ready)
-	go a.sendReleases()
 	return nil
 }
 

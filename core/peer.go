@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
@@ -18,6 +19,39 @@ type peer struct {
 	mu      sync.Mutex
 	conn    *peerConn     // nil until dialed, and again after the stream breaks
 	dialing chan struct{} // closed when the dial under way ends
+
+	// refOps are reference operations for RRefs the peer owns, in the order they were made;
+	// the next request or reference frame to the peer takes them along (frameWriter).
+	refMu  sync.Mutex
+	refOps []wire.RefOp
+}
+
+func (p *peer) queueRefOp(op wire.RefOp) {
+	p.refMu.Lock()
+	p.refOps = append(p.refOps, op)
+	p.refMu.Unlock()
+}
+
+func (p *peer) hasRefOps() bool {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	return len(p.refOps) > 0
+}
+
+// takeRefOps removes and returns up to limit queued reference operations, oldest first.
+func (p *peer) takeRefOps(limit int) []wire.RefOp {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	n := min(limit, len(p.refOps))
+	if n == 0 {
+		return nil
+	}
+	ops := slices.Clone(p.refOps[:n])
+	p.refOps = p.refOps[n:]
+	if len(p.refOps) == 0 {
+		p.refOps = nil
+	}
+	return ops
 }
 
 // peerConn is one stream to a peer and its table of pending calls.
@@ -79,6 +113,7 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	c := &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}
 	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
+	c.writer.takeRefOps = p.takeRefOps
 	self := p.agent.self
 	if err := c.writer.sendFrame(wire.HelloFrame(self.Name, self.ID)); err != nil {
 		c.cancel()
@@ -106,17 +141,6 @@ func (c *peerConn) send(id uint64, f *CallFuture, req *wire.Frame, msg Message) 
 		f.setOutgoing(c.writer, out)
 	}
 	return nil
-}
-
-// sendOneWay queues a frame that expects no reply.
-func (c *peerConn) sendOneWay(f *wire.Frame) error {
-	c.mu.Lock()
-	broken := c.broken
-	c.mu.Unlock()
-	if broken != nil {
-		return broken
-	}
-	return c.writer.sendFrame(f)
 }
 
 // take removes and returns the pending call id, if it is still pending.

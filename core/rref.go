@@ -3,7 +3,9 @@ package core
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
@@ -95,8 +97,9 @@ func (a *Agent) NewRRefID() wire.RRefID {
 }
 
 // AddFork registers fork of rref, held by holder, with the RRef's owner. Call it before
-// sending the message that carries the fork: the owner gets the registration first, in order
-// with anything else this worker sends it.
+// sending the message that carries the fork: the registration travels with the next frame
+// this worker sends the owner (the message itself, when it goes to the owner) or goes on its
+// own within refFlushDelay, in order with every other reference operation for that owner.
 func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork wire.ForkID, holder int) error {
 	op := wire.RefOp{Kind: wire.RefAdd, RRef: rref, Fork: fork, Holder: holder}
 	if owner == a.self.ID {
@@ -109,15 +112,12 @@ func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork w
 	if a.state.Load() == stateClosed {
 		return fmt.Errorf("%w: cannot register an RRef fork with worker %q", ErrShutdown, a.workers[owner].Name)
 	}
-	c, err := a.peers[owner].connect(ctx)
-	if err != nil {
-		return err
-	}
-	return c.sendOneWay(&wire.Frame{Kind: wire.FrameRefs, Refs: []wire.RefOp{op}})
+	a.queueRefOp(owner, op)
+	return ctx.Err()
 }
 
-// ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: releases
-// are batched and sent by a goroutine, still after any AddFork made before.
+// ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: the
+// release travels like AddFork's registrations, after any made before.
 func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error {
 	if owner < 0 || owner >= len(a.workers) {
 		return fmt.Errorf("%w: RRef owner id %d (world size %d)", ErrUnknownWorker, owner, len(a.workers))
@@ -127,17 +127,30 @@ func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error
 		a.applyRefOps([]wire.RefOp{op})
 		return nil
 	}
-	a.releaseMu.Lock()
-	if a.releases == nil {
-		a.releases = map[int][]wire.RefOp{}
-	}
-	a.releases[owner] = append(a.releases[owner], op)
-	a.releaseMu.Unlock()
-	select {
-	case a.releaseKick <- struct{}{}:
-	default:
-	}
+	a.queueRefOp(owner, op)
 	return nil
+}
+
+// refFlushDelay is how long reference operations wait for a frame to the owner to ride on
+// before they go in a frame of their own: a remote() takes its fork's registration along,
+// and a loop of remote() calls takes the previous RRef's release, with no frame and no
+// wake-up of the owner's reader for either.
+const refFlushDelay = 2 * time.Millisecond
+
+func (a *Agent) queueRefOp(owner int, op wire.RefOp) {
+	a.peers[owner].queueRefOp(op)
+	// A timer, not a goroutine woken at once: most operations are gone before it fires.
+	if a.refFlushArmed.CompareAndSwap(false, true) {
+		time.AfterFunc(refFlushDelay, a.flushLateRefOps)
+	}
+}
+
+// flushLateRefOps sends the reference operations no frame took along.
+func (a *Agent) flushLateRefOps() {
+	a.refFlushArmed.Store(false)
+	if a.serveCtx.Err() == nil {
+		a.flushRefOps(a.serveCtx)
+	}
 }
 
 // OwnedRRefs is the number of RRefs this worker owns that are still referenced somewhere.
@@ -172,35 +185,20 @@ func (a *Agent) applyRefOps(ops []wire.RefOp) {
 	}
 }
 
-// sendReleases sends queued releases until the agent closes.
-func (a *Agent) sendReleases() {
-	for {
-		select {
-		case <-a.releaseKick:
-		case <-a.serveCtx.Done():
-			return
+// flushRefOps sends every queued reference operation. Those for owners that cannot be reached
+// are dropped: those owners are gone, and so are their values.
+func (a *Agent) flushRefOps(ctx context.Context) {
+	for _, p := range a.peers {
+		if !p.hasRefOps() {
+			continue
 		}
-		a.flushReleases(a.serveCtx)
-	}
-}
-
-// flushReleases sends every queued release, one frame per owner. Releases to owners that
-// cannot be reached are dropped: those owners are gone, and so are their values.
-func (a *Agent) flushReleases(ctx context.Context) {
-	a.releaseMu.Lock()
-	batch := a.releases
-	a.releases = nil
-	a.releaseMu.Unlock()
-	for owner, ops := range batch {
-		c, err := a.peers[owner].connect(ctx)
-		// A frame carries at most MaxBuffersPerMessage operations; receivers refuse more.
-		for len(ops) > 0 && err == nil {
-			n := min(len(ops), wire.MaxBuffersPerMessage)
-			err = c.sendOneWay(&wire.Frame{Kind: wire.FrameRefs, Refs: ops[:n]})
-			ops = ops[n:]
+		c, err := p.connect(ctx)
+		if err == nil {
+			err = c.writer.sendRefOps()
 		}
 		if err != nil {
-			a.log.Debug("tensorplay-rpc: RRef releases not delivered", "owner", a.workers[owner].Name, "count", len(ops), "err", err)
+			n := len(p.takeRefOps(math.MaxInt))
+			a.log.Debug("tensorplay-rpc: RRef operations not delivered", "owner", p.info.Name, "count", n, "err", err)
 		}
 	}
 }

@@ -86,6 +86,11 @@ func (a *Agent) serveStream(s transport.Stream) {
 		}
 		switch fr.Kind {
 		case wire.FrameRequest:
+			// Reference operations ride on requests, ahead of them (frameWriter.send): they
+			// apply even to a request refused below.
+			if len(fr.Refs) > 0 {
+				a.applyRefOpsFrom(caller, fr.Refs)
+			}
 			// While this worker holds the stream up (no slot free, a handler pushing back), the
 			// silence is not the caller's: the receive budget must not count it against it.
 			unhold := incoming.hold()

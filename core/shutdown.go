@@ -39,9 +39,9 @@ func (a *Agent) drain(ctx context.Context) error {
 			return fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
 		}
 	}
-	// Releases still queued go out before the barrier, so owners see them before anyone
-	// closes.
-	a.flushReleases(ctx)
+	// Reference operations still queued go out before the barrier, so owners see them
+	// before anyone closes.
+	a.flushRefOps(ctx)
 	var wait time.Duration
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)

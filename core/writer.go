@@ -14,6 +14,9 @@ type frameWriter struct {
 	stream    transport.Stream
 	chunkSize int
 	onError   func(error)
+	// takeRefOps, on a stream to a peer, gives the reference operations queued for RRefs it
+	// owns (peer.takeRefOps); requests take them along.
+	takeRefOps func(limit int) []wire.RefOp
 
 	mu    sync.Mutex
 	wake  chan struct{}
@@ -71,8 +74,18 @@ func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessa
 		return nil, w.err
 	}
 	size := int64(msg.Size())
+	// Taken under w.mu, which orders frames on the stream: a fork's registration is sent
+	// before the message carrying it and before any later release.
+	var refOps []wire.RefOp
+	if w.takeRefOps != nil && (f.Kind == wire.FrameRequest || f.Kind == wire.FrameRefs) {
+		refOps = w.takeRefOps(wire.MaxBuffersPerMessage - len(f.Refs))
+	}
 	if size < int64(w.chunkSize) {
 		f.Payload, f.Buffers = msg.Payload, msg.Buffers
+		f.Refs = append(f.Refs, refOps...)
+		if f.Kind == wire.FrameRefs && len(f.Refs) == 0 {
+			return &outMessage{header: f, sent: closedChan}, nil // another frame took them
+		}
 		if len(w.small) == 0 && w.sendMu.TryLock() {
 			w.mu.Unlock()
 			err := w.stream.Send(f)
@@ -104,6 +117,11 @@ func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessa
 		segments = append(segments, b)
 	}
 	f.Sizes = sizes
+	if len(refOps) > 0 {
+		// Small frames overtake a big message's header: the operations go ahead of it in a
+		// frame of their own, and no later release can pass them.
+		w.small = append(w.small, &outMessage{header: &wire.Frame{Kind: wire.FrameRefs, Refs: refOps}, sent: make(chan struct{})})
+	}
 	m := &outMessage{header: f, segments: segments, total: size, sent: make(chan struct{}), onSent: onSent}
 	w.large = append(w.large, m)
 	w.kick()
@@ -114,6 +132,16 @@ func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessa
 func (w *frameWriter) sendFrame(f *wire.Frame) error {
 	_, err := w.send(f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil)
 	return err
+}
+
+// sendRefOps sends the queued reference operations that no request took along.
+func (w *frameWriter) sendRefOps() error {
+	for {
+		out, err := w.send(&wire.Frame{Kind: wire.FrameRefs}, Message{}, nil)
+		if err != nil || len(out.header.Refs) < wire.MaxBuffersPerMessage {
+			return err
+		}
+	}
 }
 
 // abort stops sending m; the peer is told if it has seen m's header.

@@ -1,6 +1,13 @@
 package core
 
-import "testing"
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+)
 
 // TestBigMessagesStartInQueueOrder: a big message that cannot start yet (it does not fit the
 // interleave window beside one under way) is not passed by smaller ones queued after it, or a
@@ -23,5 +30,81 @@ func TestBigMessagesStartInQueueOrder(t *testing.T) {
 	w.large = []*outMessage{big, small}
 	if got := w.takeLarge(); got != big {
 		t.Fatal("with nothing under way the big message should start first")
+	}
+}
+
+// recordingStream keeps the frames sent on it.
+type recordingStream struct {
+	mu   sync.Mutex
+	sent []*wire.Frame
+}
+
+func (s *recordingStream) Send(f *wire.Frame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = append(s.sent, f)
+	return nil
+}
+func (s *recordingStream) Recv() (*wire.Frame, error) { select {} }
+func (s *recordingStream) Close() error               { return nil }
+
+func (s *recordingStream) kinds() []wire.FrameKind {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []wire.FrameKind
+	for _, f := range s.sent {
+		out = append(out, f.Kind)
+	}
+	return out
+}
+
+// TestReferenceOperationsRideAhead: queued reference operations go with the next request (one
+// frame, no wake-up of the owner's reader for them alone), and ahead of a big request in a frame
+// of their own, since small frames may overtake a big message's header.
+func TestReferenceOperationsRideAhead(t *testing.T) {
+	op := wire.RefOp{Kind: wire.RefAdd, RRef: wire.RRefID{Creator: 1, Local: 7}, Fork: wire.ForkID{Creator: 1, Local: 8}, Holder: 1}
+	cases := []struct {
+		name      string
+		size      int
+		wantKinds []wire.FrameKind
+		carrier   int // the frame that must carry the operation
+	}{
+		{"small request", 10, []wire.FrameKind{wire.FrameRequest}, 0},
+		{"big request", 3 << 10, []wire.FrameKind{wire.FrameRefs, wire.FrameRequest, wire.FrameChunk, wire.FrameChunk}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := &recordingStream{}
+			queued := []wire.RefOp{op}
+			w := newFrameWriter(s, 2<<10, func(error) {})
+			w.takeRefOps = func(limit int) []wire.RefOp {
+				ops := queued[:min(limit, len(queued))]
+				queued = queued[len(ops):]
+				return ops
+			}
+			defer w.close(ErrShutdown)
+			out, err := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: make([]byte, c.size)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-out.sent:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request was not sent")
+			}
+			if got := s.kinds(); !slices.Equal(got, c.wantKinds) {
+				t.Fatalf("frames sent: %v, want %v", got, c.wantKinds)
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for i, f := range s.sent {
+				if want := i == c.carrier; (len(f.Refs) == 1 && f.Refs[0] == op) != want || (!want && len(f.Refs) > 0) {
+					t.Fatalf("frame %d (%v) carries %v; only frame %d should carry the operation", i, f.Kind, f.Refs, c.carrier)
+				}
+			}
+			if err := w.sendRefOps(); err != nil || len(s.sent) != len(c.wantKinds) {
+				t.Fatalf("with nothing queued, sendRefOps sent a frame (err %v)", err)
+			}
+		})
 	}
 }

@@ -20,6 +20,9 @@ type Agent struct {
 	nextLend int64
 	lent     map[int64]core.Message // memory Python uses in place, by lend id
 
+	dropMu  sync.Mutex
+	dropped []wire.RRefID // referenced nowhere, not yet posted (rrefDropped)
+
 	shutdownDone chan struct{}
 	shutdownErr  error
 	shutdownOnce sync.Once
@@ -103,9 +106,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		TLS:            tlsFiles,
 		Transports:     transports,
 		Handlers:       map[string]core.Handler{pyMethod: queueHandler{a}},
-		OnRRefDropped: func(id wire.RRefID) {
-			a.post(&Event{kind: EventRRefDropped, rref: id})
-		},
+		OnRRefDropped:  a.rrefDropped,
 	})
 	if err != nil {
 		return nil, err

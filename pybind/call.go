@@ -3,6 +3,7 @@ package pybind
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
@@ -13,11 +14,52 @@ type Call struct {
 	agent  *Agent
 	future *core.CallFuture
 	done   signal // fired when the future completes
+
+	// A completion event is posted only for a call Python asked to be told about (Notify:
+	// the future has callbacks) and only if no Python thread is in Wait for it: a thread that
+	// waits settles the call itself, and waking the event thread as well costs two context
+	// switches and a GIL hand-off.
+	notifyMu  sync.Mutex
+	notifyID  int64
+	completed bool
+	waiters   int  // threads in Wait
+	eventOwed bool // the call completed while a thread waited; no event went out
 }
 
 // Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
-// longer uses the request's memory.
+// longer uses the request's memory. When it reports true, the caller must take the outcome
+// (Take, Result or Status): no completion event is posted for it.
 func (c *Call) Wait(timeoutMs int) bool {
+	c.notifyMu.Lock()
+	c.waiters++
+	c.notifyMu.Unlock()
+	done := c.wait(timeoutMs)
+	c.notifyMu.Lock()
+	c.waiters--
+	owed := c.eventOwed && !done && c.waiters == 0
+	if done || owed {
+		c.eventOwed = false
+	}
+	c.notifyMu.Unlock()
+	if owed { // the call completed while this thread waited, but it gave up first
+		c.postDone()
+	}
+	return done
+}
+
+// Notify asks for an event with notifyID (NextEvent) once the call completes, at once if it
+// already has.
+func (c *Call) Notify(notifyID int64) {
+	c.notifyMu.Lock()
+	c.notifyID = notifyID
+	completed := c.completed
+	c.notifyMu.Unlock()
+	if completed {
+		c.postDone()
+	}
+}
+
+func (c *Call) wait(timeoutMs int) bool {
 	d := time.Duration(timeoutMs) * time.Millisecond
 	if c.done.wait(min(d, hotWait)) {
 		select {
@@ -96,9 +138,8 @@ func (c *Call) Result() *Segments {
 // Call sends the message whose nseg segments the table at table names to worker to. With
 // borrow it is sent from Python's memory in place, and Python keeps the buffers alive and
 // unchanged until Wait reports the call done; without it Go copies them before returning.
-// A positive notifyID is queued for NextEvent when the call completes. timeoutMs <= 0 means
-// no deadline.
-func (a *Agent) Call(to int, table uintptr, nseg int, borrow bool, timeoutMs int, notifyID int64) (c *Call, err error) {
+// timeoutMs <= 0 means no deadline.
+func (a *Agent) Call(to int, table uintptr, nseg int, borrow bool, timeoutMs int) (c *Call, err error) {
 	defer recovered(&err)
 	ctx, cancel := context.Background(), context.CancelFunc(func() {})
 	if timeoutMs > 0 {
@@ -106,20 +147,29 @@ func (a *Agent) Call(to int, table uintptr, nseg int, borrow bool, timeoutMs int
 	}
 	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, pyMethod, segments(table, nseg, borrow))}
 	c.future.AfterDone(func() {
-		c.done.fire()
 		cancel()
-		if notifyID <= 0 {
-			return
+		c.notifyMu.Lock()
+		c.completed = true
+		notify := c.notifyID > 0 && c.waiters == 0
+		c.eventOwed = c.notifyID > 0 && c.waiters > 0
+		c.notifyMu.Unlock()
+		if notify {
+			c.postDone()
 		}
-		select {
-		case <-c.future.Sent():
-			a.post(&Event{kind: EventCallDone, notifyID: notifyID})
-		default: // a big request still being given up on: tell Python once it is
-			go func() {
-				<-c.future.Sent()
-				a.post(&Event{kind: EventCallDone, notifyID: notifyID})
-			}()
-		}
+		c.done.fire()
 	})
 	return c, nil
+}
+
+// postDone queues the call's completion event, once its request's memory is no longer read.
+func (c *Call) postDone() {
+	select {
+	case <-c.future.Sent():
+		c.agent.post(&Event{kind: EventCallDone, notifyID: c.notifyID})
+	default: // a big request still being given up on: tell Python once it is
+		go func() {
+			<-c.future.Sent()
+			c.agent.post(&Event{kind: EventCallDone, notifyID: c.notifyID})
+		}()
+	}
 }

@@ -5,21 +5,21 @@ import "github.com/tensorplay/tensorplay-rpc/core/wire"
 // Event kinds.
 const (
 	EventCallDone = iota + 1
-	EventRRefDropped
+	EventRRefsDropped
 )
 
-// Event is something Python must act on: a call made with a notifyID completed, or an RRef
-// this worker owns is referenced nowhere any more.
+// Event is something Python must act on: a call Python asked to be told about completed, or
+// RRefs this worker owns are referenced nowhere any more.
 type Event struct {
 	kind     int
 	notifyID int64
-	rref     wire.RRefID
+	rrefs    []wire.RRefID
 }
 
 // Valid reports whether the event is real (gopy turns a nil *Event into an empty one).
 func (e *Event) Valid() bool { return e != nil && e.kind != 0 }
 
-// Kind is EventCallDone or EventRRefDropped.
+// Kind is EventCallDone or EventRRefsDropped.
 func (e *Event) Kind() int { return e.kind }
 
 // NotifyID is the notifyID of the completed call.
@@ -29,7 +29,7 @@ func (e *Event) NotifyID() int64 { return e.notifyID }
 func (a *Agent) post(e *Event) { a.events.put(e) }
 
 // NextEvent returns the next event, or nil if none came within timeoutMs or the agent is
-// shut down and no event is queued.
-func (a *Agent) NextEvent(timeoutMs int) *Event {
-	return a.events.take(timeoutMs)
+// shut down and no event is queued. handled says the thread acted on the event it took last.
+func (a *Agent) NextEvent(timeoutMs int, handled bool) *Event {
+	return a.events.take(timeoutMs, handled)
 }

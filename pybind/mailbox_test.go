@@ -25,8 +25,8 @@ func TestMailboxDeliversEveryItemOnce(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					for {
-						v := m.take(2000)
+					for back := false; ; back = true {
+						v := m.take(2000, back)
 						if v == nil || *v < 0 {
 							return
 						}
@@ -65,11 +65,11 @@ func TestMailboxWaitsEnd(t *testing.T) {
 	closed := make(chan struct{})
 	m := newMailbox[int](closed)
 	start := time.Now()
-	if v := m.take(20); v != nil || time.Since(start) < 20*time.Millisecond {
+	if v := m.take(20, false); v != nil || time.Since(start) < 20*time.Millisecond {
 		t.Fatalf("an empty take returned %v after %s, want nil after 20ms", v, time.Since(start))
 	}
 	done := make(chan *int)
-	go func() { done <- m.take(60_000) }()
+	go func() { done <- m.take(60_000, false) }()
 	time.Sleep(3 * hotWait) // the taker is on the channel by now, or still in the futex: either must end
 	close(closed)
 	m.wakeAll()
@@ -84,8 +84,9 @@ func TestMailboxWaitsEnd(t *testing.T) {
 }
 
 // TestMailboxBurstWakesAThreadPerItem: a burst of items while one thread is in its futex and
-// the rest on channels wakes a thread for every item, so handlers that each hold their item
-// until all are taken (a call waiting on the others) all get one at once.
+// the rest on channels wakes a thread for every item, at once or when the busy ones do not
+// come back, so handlers that each hold their item until all are taken (a call waiting on the
+// others) all get one.
 func TestMailboxBurstWakesAThreadPerItem(t *testing.T) {
 	m := newMailbox[int](make(chan struct{}))
 	const takers, burst = 8, 7
@@ -95,8 +96,8 @@ func TestMailboxBurstWakesAThreadPerItem(t *testing.T) {
 	go func() { got.Wait(); close(allGot) }()
 	for range takers {
 		go func() {
-			for {
-				v := m.take(5000)
+			for back := false; ; back = true {
+				v := m.take(5000, back)
 				if v == nil || *v < 0 {
 					return
 				}
@@ -124,5 +125,69 @@ func TestMailboxBurstWakesAThreadPerItem(t *testing.T) {
 	stop := -1
 	for range takers {
 		m.put(&stop)
+	}
+}
+
+// TestMailboxItemWaitsForTheBusyThread: an item put while a thread is busy with the last one
+// goes to that thread when it comes back, not to another woken for it; and a busy thread that
+// does not come back has the item given to another.
+func TestMailboxItemWaitsForTheBusyThread(t *testing.T) {
+	cases := []struct {
+		name      string
+		stall     time.Duration
+		comesBack bool
+		want      string
+	}{
+		{"busy thread comes back", time.Hour, true, "busy"},
+		{"busy thread stays blocked", time.Millisecond, false, "other"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			closed := make(chan struct{})
+			m := newMailbox[int](closed)
+			m.stallAfter = c.stall
+			got := make(chan string, 2)
+			first, second := 1, 2
+			release := make(chan struct{})
+			took := make(chan struct{})
+			go func() { // the busy thread
+				if v := m.take(5000, false); v == nil || *v != first {
+					t.Errorf("the busy thread took %v, want item 1", v)
+				}
+				close(took)
+				<-release
+				if !c.comesBack {
+					return
+				}
+				if v := m.take(5000, true); v != nil {
+					got <- "busy"
+				}
+			}()
+			m.put(&first)
+			<-took
+			go func() { // another thread, waiting
+				if v := m.take(5000, false); v != nil {
+					got <- "other"
+				}
+			}()
+			time.Sleep(10 * time.Millisecond) // both wait (the other in its futex)
+			m.put(&second)
+			if c.comesBack {
+				close(release)
+			}
+			select {
+			case who := <-got:
+				if who != c.want {
+					t.Fatalf("item 2 went to the %s thread, want the %s one", who, c.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("item 2 was not taken")
+			}
+			if !c.comesBack {
+				close(release)
+			}
+			close(closed) // ends the thread still waiting
+			m.wakeAll()
+		})
 	}
 }

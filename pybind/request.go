@@ -13,9 +13,9 @@ func (h queueHandler) ServeRPC(call *core.ServerCall) {
 }
 
 // NextRequest returns the next request for Python to run, or nil if none came within
-// timeoutMs or the agent is shut down.
-func (a *Agent) NextRequest(timeoutMs int) *Request {
-	return a.requests.take(timeoutMs)
+// timeoutMs or the agent is shut down. served says the thread ran the request it took last.
+func (a *Agent) NextRequest(timeoutMs int, served bool) *Request {
+	return a.requests.take(timeoutMs, served)
 }
 
 // Request is one incoming Python-level call.

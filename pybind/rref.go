@@ -2,18 +2,46 @@ package pybind
 
 import (
 	"context"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // RRef bookkeeping: the core keeps the reference counts and the fork protocol; Python keeps
-// the owned values and drops one when an EventRRefDropped event names it.
+// the owned values and drops those an EventRRefsDropped event names.
 
-// RRefCreator and RRefLocal are the id of the dropped RRef.
-func (e *Event) RRefCreator() int { return e.rref.Creator }
+// dropDelay is how long RRefs referenced nowhere wait to be dropped together: dropping wakes
+// the event thread, which then competes for the GIL with the threads serving calls, and a
+// loop of remote() calls would wake it once per RRef.
+const dropDelay = 5 * time.Millisecond
+
+// rrefDropped queues id for Python to drop.
+func (a *Agent) rrefDropped(id wire.RRefID) {
+	a.dropMu.Lock()
+	a.dropped = append(a.dropped, id)
+	arm := len(a.dropped) == 1
+	a.dropMu.Unlock()
+	if arm {
+		time.AfterFunc(dropDelay, a.postDropped)
+	}
+}
+
+func (a *Agent) postDropped() {
+	a.dropMu.Lock()
+	ids := a.dropped
+	a.dropped = nil
+	a.dropMu.Unlock()
+	a.post(&Event{kind: EventRRefsDropped, rrefs: ids})
+}
+
+// Dropped is the number of RRefs the event names.
+func (e *Event) Dropped() int { return len(e.rrefs) }
+
+// RRefCreator and RRefLocal are the id of the event's i-th RRef.
+func (e *Event) RRefCreator(i int) int { return e.rrefs[i].Creator }
 
 // RRefLocal: see RRefCreator.
-func (e *Event) RRefLocal() int64 { return e.rref.Local }
+func (e *Event) RRefLocal(i int) int64 { return e.rrefs[i].Local }
 
 // NewLocalID returns a number no other RRef or fork id made by this worker has; with this
 // worker's id it names an RRef or a fork.

@@ -74,6 +74,15 @@ def test_worker_thread_pool_and_free_gil():
     assert out["spins_while_waiting"] > 1000
 
 
+def test_callbacks_run_without_a_waiter():
+    out = run_world("basic:callbacks", 2)[0].value
+    assert out["callback_alone"] == (True, [5])
+    assert out["then_alone"] == (True, "chained")
+    assert out["error_alone"] == (True, ["ValueError"])
+    assert out["waited"] == (0.2, [0.2])
+    assert out["pending_after"] == 0
+
+
 def test_rank_and_world_size_from_environment():
     results = run_world("basic:env_only", 3)
     for r in results:

@@ -102,37 +102,43 @@ def install_agent(agent: Optional["PythonAgent"], expected: Optional["PythonAgen
 
 class _CallFuture(Future):
     """The future of an outgoing call. It holds the Go call until the reply is turned into its
-    result; :meth:`wait` collects the reply from Go itself (the rpc_sync fast path) rather
-    than waiting for the event thread to do it."""
+    result. A thread that waits collects the reply from Go itself; the event thread settles
+    the call only once it has callbacks and no thread waits (Go's Call.Notify), so a call that
+    is waited for never wakes it."""
 
-    def __init__(self, agent: "PythonAgent", dest: str, timeout_ms: int) -> None:
+    def __init__(self, agent: "PythonAgent", dest: str, timeout_s: float) -> None:
         super().__init__()
         self._agent = agent
         self._dest = dest
-        self._timeout_ms = timeout_ms
+        self._timeout_ms = _to_ms(timeout_s)
+        self._deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         self._go_call: Any = None
+        self._notify_id = 0  # set once a callback asks for the completion event
         # A big request is sent from its buffers in place: they live until the call is done.
         self._table: Optional[SegmentTable] = None
         self._settle_lock = threading.Lock()
-        # The completion event came before Call returned the Go call: _attach settles.
-        self._notified = False
 
     def _attach(self, go_call: Any, table: Optional[SegmentTable]) -> None:
         """Hold the Go call (and the buffers it borrows) until the reply is settled."""
-        with self._settle_lock:
-            self._go_call, self._table = go_call, table
-            notified = self._notified
-        if notified:
-            self._settle()
+        self._go_call, self._table = go_call, table
 
-    def _notify(self) -> None:
-        """The call's completion event: settle it, or let _attach do so if the event won the
-        race with Call's return (a call to this worker itself can)."""
+    def add_done_callback(self, callback: Callable[[Future], None]) -> None:
+        """Run ``callback(self)`` once this future completes; errors it raises are logged."""
+        super().add_done_callback(callback)
         with self._settle_lock:
-            if self._go_call is None and not self._done:
-                self._notified = True
+            go_call = self._go_call
+            if go_call is None or self._notify_id:
                 return
-        self._settle()
+            self._notify_id = next(self._agent._notify_ids)
+        with self._agent._pending_lock:
+            self._agent._pending[self._notify_id] = self
+        go_call.Notify(self._notify_id)
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left before the call's deadline (at least 1 ms); None without one."""
+        if self._deadline is None:
+            return None
+        return max(1e-3, self._deadline - time.monotonic())
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
@@ -145,7 +151,14 @@ class _CallFuture(Future):
         """Block until the call completes; return its result or raise its error."""
         go_call = self._go_call
         if go_call is not None and not self._done:
-            _wait_on_go(go_call.Wait)
+            try:
+                _wait_on_go(go_call.Wait)
+            except BaseException:
+                # Interrupted (Ctrl-C): a completion Go saw while this thread waited has no
+                # event, so it is settled here.
+                if go_call.Wait(0):
+                    self._settle()
+                raise
             self._settle()
         return super().wait()
 
@@ -156,6 +169,9 @@ class _CallFuture(Future):
             table, self._table = self._table, None
         if go_call is None:
             return
+        if self._notify_id:  # the event, if one comes, finds nothing left to do
+            with self._agent._pending_lock:
+                self._agent._pending.pop(self._notify_id, None)
         if table is not None:
             table.release()
         value, exc = None, None
@@ -260,7 +276,7 @@ class PythonAgent:
     def rpc_sync(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Any:
         """Run ``call`` on worker ``dest`` and return its result. The reply is collected by
         this thread, not the event thread: one hand-off fewer."""
-        return self._send(dest, (_CALL, *call), timeout, notify=False).wait()
+        return self._send(dest, (_CALL, *call), timeout).wait()
 
     def remote(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Tuple[Id, Id, Future]:
         """Run ``call`` on worker ``dest`` and keep the result there as an RRef. Returns the
@@ -277,14 +293,12 @@ class PythonAgent:
 
     def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float) -> Future:
         """The future of a copy of the value of RRef ``rref_id``, from its owner."""
-        return self._send(owner, (_FETCH, rref_id), timeout, notify=False)
+        return self._send(owner, (_FETCH, rref_id), timeout)
 
-    def _send(self, dest: WorkerInfo, message: Any, timeout: float, notify: bool = True) -> Future:
+    def _send(self, dest: WorkerInfo, message: Any, timeout: float) -> "_CallFuture":
         """Send a Python-level message and return the future of its reply.
 
-        ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none. Without
-        ``notify`` the reply is collected only by waiting on the future (the rpc_sync fast
-        path).
+        ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none.
         """
         if timeout < 0:
             timeout = self.rpc_timeout
@@ -292,23 +306,15 @@ class PythonAgent:
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
-        timeout_ms = _to_ms(timeout)
-        fut = _CallFuture(self, dest.name, timeout_ms)
-        notify_id = next(self._notify_ids) if notify else 0
-        if notify:
-            with self._pending_lock:
-                self._pending[notify_id] = fut
+        fut = _CallFuture(self, dest.name, timeout)
         table = SegmentTable(segments)
         # Decided here only, and Go obeys: a big message is sent from Python's memory in place,
         # so its buffers must live until the call is done.
         borrowed = table.size >= _go.BorrowThreshold
         try:
-            go_call = self._go_agent.Call(dest.id, table.address, table.count, borrowed, timeout_ms, notify_id)
+            go_call = self._go_agent.Call(dest.id, table.address, table.count, borrowed, fut._timeout_ms)
         except BaseException:
             table.release()
-            if notify:
-                with self._pending_lock:
-                    self._pending.pop(notify_id, None)
             raise
         if not borrowed:
             table.release()
@@ -344,17 +350,20 @@ class PythonAgent:
         return self._go_agent.Goroutines()
 
     def pending_futures(self) -> int:
-        """Futures of calls made with notify still waiting for their reply."""
+        """Futures whose callbacks wait for the event thread to complete them."""
         with self._pending_lock:
             return len(self._pending)
 
     # -- events ---------------------------------------------------------------------------
 
     def _event_loop(self) -> None:
-        """Complete futures of calls made with notify, and drop values no one references."""
+        """Complete futures that have callbacks and no waiting thread, and drop values no one
+        references."""
+        handled = False
         while True:
-            event = self._go_agent.NextEvent(_IDLE_WAIT_MS)
-            if not event.Valid():
+            event = self._go_agent.NextEvent(_IDLE_WAIT_MS, handled)
+            handled = event.Valid()
+            if not handled:
                 if self._go_agent.Closed():
                     with self._pending_lock:
                         if not self._pending:
@@ -362,20 +371,23 @@ class PythonAgent:
                     time.sleep(WAIT_SLICE_S)  # completions of the last calls are on their way
                 continue
             kind = event.Kind()
-            if kind == _go.EventRRefDropped:
-                self.owner_table.drop((event.RRefCreator(), event.RRefLocal()))
+            if kind == _go.EventRRefsDropped:
+                for i in range(event.Dropped()):
+                    self.owner_table.drop((event.RRefCreator(i), event.RRefLocal(i)))
             elif kind == _go.EventCallDone:
                 with self._pending_lock:
                     fut = self._pending.pop(event.NotifyID(), None)
                 if fut is not None:
-                    fut._notify()
+                    fut._settle()
 
     # -- incoming calls -------------------------------------------------------------------
 
     def _serve_loop(self) -> None:
+        served = False
         while True:
-            go_request = self._go_agent.NextRequest(_IDLE_WAIT_MS)
-            if go_request.Valid():
+            go_request = self._go_agent.NextRequest(_IDLE_WAIT_MS, served)
+            served = go_request.Valid()
+            if served:
                 self._serve(go_request)
             elif self._go_agent.Closed():
                 return

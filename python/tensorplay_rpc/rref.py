@@ -82,12 +82,27 @@ class PyRRef:
         Raises the error its creation raised."""
         if self.is_owner():
             return self.local_value()
+        creation = self._creation
+        if creation is not None and creation.done():
+            creation.wait()  # raises a failed creation's error
+            creation = None
+        if timeout < 0:
+            timeout = self._agent.rpc_timeout
+        left = creation.remaining() if creation is not None else None
+        if left is not None:
+            # A creation that runs out of time fails the fetch too, at the same moment.
+            timeout = min(timeout, left) if timeout > 0 else left
         fetch = self._agent.fetch(self.owner(), self._rref_id, timeout)
-        if self._creation is not None:
-            # The owner answers both once the value exists; a failed creation (its error, a
-            # timeout, a lost owner) is raised here even if the fetch would wait on.
-            self._creation.wait()
-        return fetch.wait()
+        try:
+            # The owner answers the fetch once the value exists: a value means the creation
+            # succeeded, and its reply need not be waited for (one wake-up fewer).
+            return fetch.wait()
+        except BaseException:
+            # The creation's error (the owner's, its timeout, a lost owner) says more, if the
+            # creation failed too or is about to run out of time.
+            if creation is not None and (creation.done() or (creation.remaining() or 1.0) < 0.05):
+                creation.wait()
+            raise
 
     def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:

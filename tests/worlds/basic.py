@@ -117,6 +117,38 @@ def thread_pool(rank, world_size):
     return out
 
 
+def callbacks(rank, world_size):
+    """Callbacks on rpc_async futures run though no thread waits on the futures (the event
+    thread completes them), and a thread waiting on one still runs its callbacks."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        ran = threading.Event()
+        seen = []
+        fut = rpc.rpc_async("worker1", add, args=(2, 3))
+        fut.add_done_callback(lambda f: (seen.append(f.value()), ran.set()))
+        out["callback_alone"] = (ran.wait(10), seen)
+        done = threading.Event()
+        chained = rpc.rpc_async("worker1", slow, args=(0.2,)).then(lambda f: done.set() or "chained")
+        out["then_alone"] = (done.wait(10), chained.wait())
+        failed = threading.Event()
+        errs = []
+
+        def on_error(f):
+            errs.append(error_of(f.value)[0].__name__)
+            failed.set()
+
+        rpc.rpc_async("worker1", raise_value_error, args=("in a callback 7",)).add_done_callback(on_error)
+        out["error_alone"] = (failed.wait(10), errs)
+        waited = []
+        fut = rpc.rpc_async("worker1", slow, args=(0.2,))
+        fut.add_done_callback(lambda f: waited.append(f.value()))
+        out["waited"] = (fut.wait(), waited)
+        out["pending_after"] = _agent.current_agent().pending_futures()
+    rpc.shutdown()
+    return out
+
+
 def env_only(rank, world_size):
     """init_rpc with nothing but a name: rank and world size come from RANK and WORLD_SIZE."""
     rpc.init_rpc(f"env{rank}")

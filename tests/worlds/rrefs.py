@@ -59,7 +59,9 @@ def remote_basics(rank, world_size):
         failed = rpc.remote("worker1", raise_value_error, args=("creation failed 99",))
         out["creation_error_to_here"] = error_of(failed.to_here)
         out["creation_error_proxy"] = error_of(lambda: failed.rpc_sync().anything())
+        started = time.monotonic()
         out["creation_error_timeout"] = error_of(lambda: rpc.remote("worker1", time.sleep, args=(3,), timeout=0.3).to_here())
+        out["creation_timeout_took"] = time.monotonic() - started
         out["pickle_outside_rpc"] = error_of(lambda: __import__("pickle").dumps(rref))
         out["repr"] = repr(rref)
         out["unknown"] = error_of(lambda: rpc.remote("nobody", add, args=(1, 2)))

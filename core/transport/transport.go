@@ -31,6 +31,20 @@ type Stream interface {
 	Close() error
 }
 
+// Laned is implemented by streams that carry the frames of big messages (see Bulk) in a lane
+// of their own: a small frame is not held behind them, and Send may run for a bulk frame and
+// another frame at once. Frames within a lane keep their order; across lanes they may not.
+type Laned interface {
+	Stream
+	BulkLane()
+}
+
+// Bulk reports whether f belongs in a big message's lane: its header (it gives the sizes of the
+// data to come), its chunks, or its abort.
+func Bulk(f *wire.Frame) bool {
+	return f.Kind == wire.FrameChunk || f.Kind == wire.FrameAbort || len(f.Sizes) > 0
+}
+
 // PeerIdentity is what a transport knows of who opened a stream it accepted.
 type PeerIdentity struct {
 	// Addr is where the stream came from: "host:port" for network transports, the address

@@ -25,7 +25,7 @@ var shmAttacks = []attack{
 	}},
 	{"frame-over-limit", func(p *peer, ctx context.Context) (string, string) {
 		return p.corruptRing(ctx, func(region []byte) {
-			binary.LittleEndian.PutUint32(region[2*rawCtrl:], 1<<30) // a 1 GiB frame's length
+			binary.LittleEndian.PutUint32(region[rawData:], 1<<30) // a 1 GiB frame's length
 			binary.LittleEndian.PutUint64(region[0:], 4)
 		})
 	}},
@@ -35,11 +35,15 @@ var shmAttacks = []attack{
 	}},
 }
 
-// The layout the transport uses (core/transport/shmtransport/region.go): two 4 KiB control
-// blocks (head at offset 0 of the dialer's), then the two rings.
+// The layout the transport uses (core/transport/shmtransport/region.go) for rings of 64 KiB:
+// four 4 KiB control blocks (head at offset 0 of the dialer's small-frame ring), then four
+// rings of 64 KiB (the small-frame lane's ring is a quarter of the bulk one, but 64 KiB at
+// least), the dialer's small-frame ring first.
 const (
-	rawCtrl = 4096
-	rawRing = 64 << 10
+	rawCtrl  = 4096
+	rawRing  = 64 << 10
+	rawData  = 4 * rawCtrl // where the dialer's small-frame ring starts
+	rawBytes = 4*rawCtrl + 4*rawRing
 )
 
 // shmName is the abstract socket name in a shared-memory address.
@@ -80,7 +84,7 @@ func (p *peer) rawShm(ctx context.Context, seals int, ringBytes int) (*net.UnixC
 		return fail(err)
 	}
 	defer unix.Close(fd)
-	size := 2*rawCtrl + 2*rawRing
+	size := rawBytes
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return fail(err)
 	}
@@ -168,7 +172,7 @@ func (p *peer) cutShortFrame(ctx context.Context) string {
 		return "; raw stream not opened: " + describe(err)
 	}
 	p.keep(func() { conn.Close(); unix.Munmap(region) })
-	binary.LittleEndian.PutUint32(region[2*rawCtrl:], 1<<20)
+	binary.LittleEndian.PutUint32(region[rawData:], 1<<20)
 	binary.LittleEndian.PutUint64(region[0:], 104)
 	conn.Write([]byte{1})
 	return "; one raw stream whose first frame stops after 100 of its 1 MiB"

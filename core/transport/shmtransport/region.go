@@ -6,9 +6,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A region holds the two rings of one stream: both control blocks, then both data areas.
-// The dialer writes ring 0 and reads ring 1; the listener the other way round.
+// A region holds the rings of one stream: two lanes (small frames, and the frames of big
+// messages), each with a ring per direction; all four control blocks first, then the data
+// areas. The dialer writes direction 0 of each lane and reads direction 1; the listener the
+// other way round.
 const (
+	laneSmall = 0
+	laneBulk  = 1
+
 	ctrlBytes = 4096
 	// MinRingBytes and MaxRingBytes bound a ring's data area (a power of two).
 	MinRingBytes = 64 << 10
@@ -18,7 +23,18 @@ const (
 	requiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 )
 
-func regionBytes(ringBytes int) int { return 2*ctrlBytes + 2*ringBytes }
+// laneBytes is the data area of each ring of lane in a region for rings of ringBytes: the
+// small-frame lane gets a quarter (a bigger frame streams through it).
+func laneBytes(lane, ringBytes int) int {
+	if lane == laneSmall {
+		return max(MinRingBytes, ringBytes/4)
+	}
+	return ringBytes
+}
+
+func regionBytes(ringBytes int) int {
+	return 4*ctrlBytes + 2*laneBytes(laneSmall, ringBytes) + 2*laneBytes(laneBulk, ringBytes)
+}
 
 func validRingBytes(n int) bool {
 	return n >= MinRingBytes && n <= MaxRingBytes && n&(n-1) == 0

@@ -40,10 +40,16 @@ type ring struct {
 	size uint64 // len(data), a power of two
 }
 
-// ringAt is ring i (0 or 1) of a region mapped for rings of ringBytes.
-func ringAt(mem []byte, i, ringBytes int) ring {
-	data := mem[2*ctrlBytes+i*ringBytes : 2*ctrlBytes+(i+1)*ringBytes]
-	return ring{ctrl: (*ringCtrl)(unsafe.Pointer(&mem[i*ctrlBytes])), data: data, size: uint64(ringBytes)}
+// ringAt is the ring of lane written in direction dir (0 or 1) of a region mapped for rings
+// of ringBytes.
+func ringAt(mem []byte, lane, dir, ringBytes int) ring {
+	i := 2*lane + dir
+	at := 4 * ctrlBytes
+	for j := range i {
+		at += laneBytes(j/2, ringBytes)
+	}
+	n := laneBytes(lane, ringBytes)
+	return ring{ctrl: (*ringCtrl)(unsafe.Pointer(&mem[i*ctrlBytes])), data: mem[at : at+n], size: uint64(n)}
 }
 
 // publishStep is how many bytes of a big frame are written (or read) before the other side is
@@ -166,6 +172,28 @@ type ringReader struct {
 	last   byte
 	replay bool
 }
+
+// ready reports, without waiting, whether a whole frame can be read (for a frame bigger than the
+// ring, its length: the rest streams through). It records the write index it saw.
+func (r *ringReader) ready() (bool, error) {
+	head := r.r.ctrl.head.Load()
+	if head-r.tail > r.r.size {
+		return false, fmt.Errorf("%w: peer wrote to %d with %d bytes read", errCorrupt, head, r.tail)
+	}
+	r.head = head
+	var prefix [4]byte
+	if head-r.tail < uint64(len(prefix)) {
+		return false, nil
+	}
+	at := r.tail & (r.r.size - 1)
+	k := copy(prefix[:], r.r.data[at:])
+	copy(prefix[k:], r.r.data)
+	n := uint64(getUint32(prefix[:]))
+	return n > r.r.size-uint64(len(prefix)) || head-r.tail >= uint64(len(prefix))+n, nil
+}
+
+// changed reports whether the producer wrote more since ready looked.
+func (r *ringReader) changed() bool { return r.r.ctrl.head.Load() != r.head }
 
 // available waits for data and returns how much there is.
 func (r *ringReader) available() (uint64, error) {

@@ -28,9 +28,9 @@ func FuzzRingReader(f *testing.F) {
 	f.Add(uint64(3), uint64(5), []byte{0xff, 0xff, 0xff, 0x7f})
 	f.Add(uint64(len(seed)), uint64(MinRingBytes-3), seed) // a frame that wraps the ring's end
 	f.Fuzz(func(t *testing.T, written, start uint64, data []byte) {
-		words := make([]uint64, (2*ctrlBytes+2*MinRingBytes)/8) // 8-byte aligned, as a mapping is
+		words := make([]uint64, regionBytes(MinRingBytes)/8) // 8-byte aligned, as a mapping is
 		mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
-		rg := ringAt(mem, 0, MinRingBytes)
+		rg := ringAt(mem, laneSmall, 0, MinRingBytes)
 		start %= MinRingBytes
 		for i, b := range data[:min(len(data), MinRingBytes)] {
 			rg.data[(start+uint64(i))%MinRingBytes] = b
@@ -41,6 +41,9 @@ func FuzzRingReader(f *testing.F) {
 		dec := msgpack.NewDecoder(nil)
 		sink := func(id uint64, offset int64, n int) ([]byte, bool) { return make([]byte, min(n, 1<<20)), n <= 1<<20 }
 		for range 64 {
+			if _, err := r.ready(); err != nil {
+				return
+			}
 			if _, err := r.readFrame(dec, sink); err != nil {
 				return
 			}

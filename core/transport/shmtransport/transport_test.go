@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -151,34 +152,85 @@ func TestHostileIndicesAreRefused(t *testing.T) {
 		{"write index behind", func(c *ringCtrl) { c.head.Store(^uint64(0)) }},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
+		for _, ln := range []int{laneSmall, laneBulk} {
+			t.Run(fmt.Sprintf("%s, lane %d", c.name, ln), func(t *testing.T) {
+				client, server, err := pair(t, "", "", MinRingBytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The client's outgoing ring is the server's incoming one, in the same memory.
+				c.corrupt(client.(*stream).lanes[ln].out.r.ctrl)
+				client.(*stream).wakePeer()
+				if _, err := server.Recv(); !errors.Is(err, errCorrupt) {
+					t.Fatalf("Recv: %v, want %v", err, errCorrupt)
+				}
+			})
+		}
+	}
+}
+
+func TestOversizedFrameLengthIsRefused(t *testing.T) {
+	for _, ln := range []int{laneSmall, laneBulk} {
+		t.Run(fmt.Sprintf("lane %d", ln), func(t *testing.T) {
 			client, server, err := pair(t, "", "", MinRingBytes)
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The client's outgoing ring is the server's incoming one, in the same memory.
-			c.corrupt(client.(*stream).out.r.ctrl)
-			client.(*stream).wakePeer()
-			if _, err := server.Recv(); !errors.Is(err, errCorrupt) {
-				t.Fatalf("Recv: %v, want %v", err, errCorrupt)
+			var prefix [4]byte
+			putUint32(prefix[:], wire.MaxFrameBytes+1)
+			w := &client.(*stream).lanes[ln].out
+			if err := w.put(prefix[:]); err != nil {
+				t.Fatal(err)
+			}
+			w.publish()
+			if _, err := server.Recv(); err == nil || !strings.Contains(err.Error(), "more than") {
+				t.Fatalf("Recv: %v, want a refusal of the length", err)
 			}
 		})
 	}
 }
 
-func TestOversizedFrameLengthIsRefused(t *testing.T) {
+// TestSmallFrameOvertakesAFullBulkLane: with the bulk lane full and its producer waiting for
+// room, a small frame is still sent at once and read first.
+func TestSmallFrameOvertakesAFullBulkLane(t *testing.T) {
 	client, server, err := pair(t, "", "", MinRingBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var prefix [4]byte
-	putUint32(prefix[:], wire.MaxFrameBytes+1)
-	w := &client.(*stream).out
-	if err := w.put(prefix[:]); err != nil {
-		t.Fatal(err)
+	bulkSent := make(chan error, 1)
+	go func() {
+		for i := range 3 { // 90 KiB for a 64 KiB ring nobody reads yet: the third waits
+			f := &wire.Frame{Kind: wire.FrameRequest, ID: uint64(i + 1), Sizes: []int64{30 << 10}, Payload: make([]byte, 30<<10)}
+			if err := client.Send(f); err != nil {
+				bulkSent <- err
+				return
+			}
+		}
+		bulkSent <- nil
+	}()
+	time.Sleep(50 * time.Millisecond) // let the bulk producer block; the outcome does not depend on it
+	smallSent := make(chan error, 1)
+	go func() {
+		smallSent <- client.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 99, Payload: []byte("small")})
+	}()
+	select {
+	case err := <-smallSent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a small frame waited for room in the bulk lane")
 	}
-	w.publish()
-	if _, err := server.Recv(); err == nil || !strings.Contains(err.Error(), "more than") {
-		t.Fatalf("Recv: %v, want a refusal of the length", err)
+	f, err := server.Recv()
+	if err != nil || f.ID != 99 {
+		t.Fatalf("first frame read: %v (err %v), want the small one (id 99)", f, err)
+	}
+	for want := uint64(1); want <= 3; want++ {
+		if f, err := server.Recv(); err != nil || f.ID != want {
+			t.Fatalf("bulk frame: %v (err %v), want id %d", f, err, want)
+		}
+	}
+	if err := <-bulkSent; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,6 @@
 // Package grpctransport is the transport of real worlds: each agent serves one gRPC service,
-// and a caller opens one long-lived bidirectional stream per callee that carries msgpack
-// frames (package wire) multiplexed by call id. Every connection is guarded by the world's
+// and a caller opens one long-lived stream per callee, two bidirectional gRPC streams (lanes.go),
+// that carries msgpack frames (package wire) multiplexed by call id. Every connection is guarded by the world's
 // token and TLS files (package secure's policy).
 package grpctransport
 
@@ -38,6 +38,8 @@ type Transport struct {
 	conns   []*grpc.ClientConn
 	streams map[*grpcClientStream]struct{}
 	closed  bool
+
+	pairs pairings // halves of incoming streams waiting for each other
 }
 
 // New returns a transport that is not yet listening. A non-empty token is presented on every
@@ -70,8 +72,7 @@ func (t *Transport) Listen(host string, serve func(transport.Stream)) (string, e
 			ServerStreams: true,
 			ClientStreams: true,
 			Handler: func(_ any, ss grpc.ServerStream) error {
-				serve(&grpcServerStream{ss: ss})
-				return nil
+				return t.serveHalf(ss, serve)
 			},
 		}},
 	}, struct{}{})
@@ -100,7 +101,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	sctx, cancel := context.WithCancel(context.Background())
 	// The stream outlives ctx; ctx bounds only its set-up.
 	stop := context.AfterFunc(ctx, cancel)
-	cs, err := cc.NewStream(sctx, &agentStreamDesc, agentStreamPath)
+	small, bulk, err := openLanes(sctx, cc)
 	if !stop() || err != nil {
 		cancel()
 		cc.Close()
@@ -109,7 +110,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 		}
 		return nil, fmt.Errorf("open stream to %s: %w", addr, err)
 	}
-	s := &grpcClientStream{cs: cs, cc: cc, cancel: cancel, owner: t}
+	s := &grpcClientStream{laned: newLaned(small, bulk, false), cc: cc, cancel: cancel, owner: t}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -164,7 +165,7 @@ func (t *Transport) Close() error {
 // Both ends of a stream decode chunks in place and say who opened them.
 var (
 	_ transport.SinkSetter       = (*grpcServerStream)(nil)
-	_ transport.SinkSetter       = (*grpcClientStream)(nil)
+	_ transport.Laned            = (*grpcClientStream)(nil)
 	_ transport.IdentifiedStream = (*grpcServerStream)(nil)
 )
 
@@ -203,23 +204,13 @@ func (s *grpcServerStream) Recv() (*wire.Frame, error) {
 // Close is a no-op: a server stream ends when its serve function returns.
 func (s *grpcServerStream) Close() error { return nil }
 
+// grpcClientStream is a dialed stream: its two lanes on a connection of its own.
 type grpcClientStream struct {
-	cs     grpc.ClientStream
+	*laned
 	cc     *grpc.ClientConn
 	cancel context.CancelFunc
 	owner  *Transport
 	once   sync.Once
-	sink   wire.ChunkSink
-}
-
-func (s *grpcClientStream) SetChunkSink(sink wire.ChunkSink) { s.sink = sink }
-func (s *grpcClientStream) Send(f *wire.Frame) error         { return s.cs.SendMsg(f) }
-func (s *grpcClientStream) Recv() (*wire.Frame, error) {
-	f := &wire.Frame{Sink: s.sink}
-	if err := s.cs.RecvMsg(f); err != nil {
-		return nil, err
-	}
-	return f, nil
 }
 
 func (s *grpcClientStream) Close() error {
@@ -234,5 +225,6 @@ func (s *grpcClientStream) close() {
 	s.once.Do(func() {
 		s.cancel()
 		s.cc.Close()
+		s.end()
 	})
 }

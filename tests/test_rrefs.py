@@ -28,6 +28,11 @@ def test_remote_and_rref_methods():
         assert exc_type is ValueError and "creation failed 99" in msg, key
     exc_type, msg = out["creation_error_timeout"]
     assert exc_type is RuntimeError and "timed out" in msg and "worker1" in msg
+    assert out["inline"] == [(1, "a", "b")] * 3
+    assert out["mutable_seen_changed"] == [[1, 2, 3], [4]]
+    exc_type, msg = out["to_here_timeout"]
+    assert exc_type is RuntimeError and "timeout" in msg and "worker1" in msg, msg
+    assert out["to_here_timeout_took"] < 2.5, "to_here waited past its own timeout"
     assert out["creation_timeout_took"] < 2.5, "to_here waited for the owner, past the creation's timeout"
     assert out["pickle_outside_rpc"][0] is RuntimeError
     assert out["repr"].startswith("UserRRef(RRefId = GloballyUniqueId(created_on=0")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Generic, Optional, TypeVar
+import time
+import weakref
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 from . import constants
 from ._agent import FunctionCall, PythonAgent, current_agent, require_agent
@@ -27,7 +29,7 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_rref_id", "_fork_id", "_slot", "_creation", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
@@ -40,6 +42,7 @@ class PyRRef:
         self._bind(agent, me, rref_id, fork_id, slot, None)
 
     def _bind(self, agent: PythonAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
+        self._made_by: Optional[Callable[..., Any]] = None  # the function remote() ran, if known
         self._agent = agent
         self._owner_id = owner_id
         self._rref_id = rref_id
@@ -82,27 +85,36 @@ class PyRRef:
         Raises the error its creation raised."""
         if self.is_owner():
             return self.local_value()
-        creation = self._creation
-        if creation is not None and creation.done():
-            creation.wait()  # raises a failed creation's error
-            creation = None
         if timeout < 0:
             timeout = self._agent.rpc_timeout
-        left = creation.remaining() if creation is not None else None
-        if left is not None:
-            # A creation that runs out of time fails the fetch too, at the same moment.
-            timeout = min(timeout, left) if timeout > 0 else left
-        fetch = self._agent.fetch(self.owner(), self._rref_id, timeout)
-        try:
-            # The owner answers the fetch once the value exists: a value means the creation
-            # succeeded, and its reply need not be waited for (one wake-up fewer).
-            return fetch.wait()
-        except BaseException:
-            # The creation's error (the owner's, its timeout, a lost owner) says more, if the
-            # creation failed too or is about to run out of time.
-            if creation is not None and (creation.done() or (creation.remaining() or 1.0) < 0.05):
-                creation.wait()
-            raise
+        started = time.monotonic()
+        creation = self._creation
+        if creation is not None and creation.done():
+            inlined = creation.wait()  # raises a failed creation's error
+            if inlined is not None:
+                return inlined[0]
+            creation = None
+        # The owner confirms a creation before it answers a fetch, with the value itself if it
+        # is small and immutable (it cannot change). If the last creation by the same function
+        # came so, the confirmation is awaited first; otherwise the fetch goes at once, and the
+        # two round trips overlap.
+        fetch = None
+        if creation is None or not _came_inlined(self._made_by):
+            fetch = self._agent.fetch(self.owner(), self._rref_id, timeout)
+        if creation is not None:
+            if not creation.wait_for(timeout if timeout > 0 else None):
+                raise RuntimeError(
+                    f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
+                    f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
+                )
+            inlined = creation.wait()  # raises a failed creation's error
+            _remember_inlined(self._made_by, inlined is not None)
+            if inlined is not None:
+                return inlined[0]
+        if fetch is None:
+            left = max(1e-3, timeout - (time.monotonic() - started)) if timeout > 0 else timeout
+            fetch = self._agent.fetch(self.owner(), self._rref_id, left)
+        return fetch.wait()
 
     def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:
@@ -119,9 +131,10 @@ class PyRRef:
         return RRefProxy(self, functools.partial(remote_rref, self._agent), timeout)
 
     def _get_future(self) -> Future:
-        """The future of this RRef's creation by ``remote()`` (complete for other RRefs)."""
+        """The future of this RRef's creation by ``remote()`` (complete for other RRefs): None,
+        or the creation's error."""
         if self._creation is not None:
-            return self._creation
+            return self._creation.then(_no_value)
         done: Future = Future()
         done.set_result(None)
         return done
@@ -179,7 +192,32 @@ for _name, _impl in inspect.getmembers(PyRRef, inspect.isfunction):
 def remote_rref(agent: PythonAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef":
     """Run ``call`` on ``dest`` and return an RRef to its result, kept there (``remote()``)."""
     rref_id, fork_id, creation = agent.remote(dest, call, timeout)
-    return _make_rref(agent, dest.id, rref_id, fork_id, creation)
+    rref = _make_rref(agent, dest.id, rref_id, fork_id, creation)
+    rref._made_by = call[0]
+    return rref
+
+
+# Whether the value of the last RRef a function made came with its creation's confirmation.
+_inlined_by: "weakref.WeakKeyDictionary[Callable[..., Any], bool]" = weakref.WeakKeyDictionary()
+
+
+def _came_inlined(func: Optional[Callable[..., Any]]) -> bool:
+    try:
+        return func is not None and _inlined_by.get(func, False)
+    except TypeError:  # not weakly referenceable, or unhashable
+        return False
+
+
+def _remember_inlined(func: Optional[Callable[..., Any]], inlined: bool) -> None:
+    try:
+        if func is not None:
+            _inlined_by[func] = inlined
+    except TypeError:
+        pass
+
+
+def _no_value(creation: Future) -> None:
+    creation.value()  # raises the creation's error
 
 
 def _make_rref(agent: PythonAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:

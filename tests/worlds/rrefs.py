@@ -59,6 +59,16 @@ def remote_basics(rank, world_size):
         failed = rpc.remote("worker1", raise_value_error, args=("creation failed 99",))
         out["creation_error_to_here"] = error_of(failed.to_here)
         out["creation_error_proxy"] = error_of(lambda: failed.rpc_sync().anything())
+        # Values that came with the creation's confirmation and values fetched: a mutable one
+        # changed on its owner after creation is seen changed; the same function twice (the
+        # second time the confirmation is awaited first).
+        out["inline"] = [rpc.remote("worker1", add, args=((1, "a"), ("b",))).to_here() for _ in range(3)]
+        listed = rpc.remote("worker1", list, args=((1, 2),))
+        listed.rpc_sync().append(3)
+        out["mutable_seen_changed"] = [listed.to_here(), rpc.remote("worker1", list, args=((4,),)).to_here()]
+        started = time.monotonic()
+        out["to_here_timeout"] = error_of(lambda: rpc.remote("worker1", time.sleep, args=(3,)).to_here(timeout=0.3))
+        out["to_here_timeout_took"] = time.monotonic() - started
         started = time.monotonic()
         out["creation_error_timeout"] = error_of(lambda: rpc.remote("worker1", time.sleep, args=(3,), timeout=0.3).to_here())
         out["creation_timeout_took"] = time.monotonic() - started

@@ -265,20 +265,28 @@ func (m *outMessage) chunk(n int) []byte {
 
 func (w *frameWriter) run() {
 	for {
+		// sendMu is taken before a frame leaves the queue, not after: a small frame that its
+		// caller sends itself (send's fast path) cannot go out ahead of one queued before it.
+		// The order matters: an RRef fork's registration must reach the owner before its
+		// parent's release.
+		w.sendMu.Lock()
 		f, m, done, err := w.next()
 		if err != nil {
+			w.sendMu.Unlock()
 			w.drain()
 			return
 		}
 		if f == nil {
+			w.sendMu.Unlock()
 			<-w.wake
 			continue
 		}
 		mu := &w.sendMu
-		if transport.Bulk(f) {
+		if transport.Bulk(f) && w.bulkMu != &w.sendMu {
+			w.sendMu.Unlock()
 			mu = w.bulkMu
+			mu.Lock()
 		}
-		mu.Lock()
 		err = w.stream.Send(f)
 		mu.Unlock()
 		if err != nil {

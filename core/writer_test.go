@@ -1,6 +1,7 @@
 package core
 
 import (
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -106,5 +107,69 @@ func TestReferenceOperationsRideAhead(t *testing.T) {
 				t.Fatalf("with nothing queued, sendRefOps sent a frame (err %v)", err)
 			}
 		})
+	}
+}
+
+// countingStream records the ids of the frames sent on it.
+type countingStream struct {
+	recordingStream
+	ids []uint64
+}
+
+func (s *countingStream) Send(f *wire.Frame) error {
+	if f.Kind != wire.FrameRequest || len(f.Sizes) > 0 {
+		return nil // the big messages that keep the writer goroutine busy
+	}
+	s.mu.Lock()
+	s.ids = append(s.ids, f.ID)
+	s.mu.Unlock()
+	runtime.Gosched() // widen the window between the writer goroutine's turns
+	return nil
+}
+
+// TestSmallFramesKeepTheirOrder: frames sent one after another leave in that order, whether
+// the caller sends one itself or the writer goroutine, busy with big messages, sends it from
+// the queue.
+func TestSmallFramesKeepTheirOrder(t *testing.T) {
+	s := &countingStream{}
+	w := newFrameWriter(s, 1<<10, func(error) {})
+	defer w.close(ErrShutdown)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		big := Message{Payload: make([]byte, 64<<10)}
+		for id := uint64(1 << 40); ; id++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			out, err := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: id}, big, nil)
+			if err != nil {
+				return
+			}
+			<-out.sent
+		}
+	}()
+	const n = 200_000
+	var last *outMessage
+	for i := range n {
+		out, err := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: uint64(i)}, Message{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = out
+	}
+	select {
+	case <-last.sent:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the frames were not all sent")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, id := range s.ids {
+		if id != uint64(i) {
+			t.Fatalf("frame %d left as number %d: out of order", id, i)
+		}
 	}
 }

@@ -80,6 +80,8 @@ def test_callbacks_run_without_a_waiter():
     assert out["then_alone"] == (True, "chained")
     assert out["error_alone"] == (True, ["ValueError"])
     assert out["waited"] == (0.2, [0.2])
+    assert out["nested"] == (True, [26]), "a callback waiting on a nested call hung"
+    assert out["after_exit"] == (True, [2])
     assert out["pending_after"] == 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Generic, List, Optional, TypeVar
+from typing import Any, Callable, Generic, List, Optional, Tuple, TypeVar
 
 from .constants import WAIT_SLICE_S
 
@@ -29,6 +29,11 @@ class Future(Generic[T]):
         self._result: Any = None
         self._exception: Optional[BaseException] = None
         self._callbacks: List[Callable[["Future[T]"], None]] = []
+        # The futures whose completion completes this one (then, collect_all): wait() waits on
+        # them first, in this thread, so a future of a call collects its reply here and runs
+        # the callbacks, instead of waiting for the thread that runs callbacks, which may be the
+        # very thread waiting (a callback that waits on a nested call).
+        self._sources: Tuple["Future[Any]", ...] = ()
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
@@ -36,6 +41,12 @@ class Future(Generic[T]):
 
     def wait(self) -> T:
         """Block until the future completes; return its value or raise its exception."""
+        for source in self._sources:
+            if not self._done:
+                try:
+                    source.wait()
+                except Exception:  # its callbacks have run: this future carries the outcome
+                    pass
         with self._cond:
             while not self._done:
                 self._cond.wait(WAIT_SLICE_S)
@@ -62,6 +73,7 @@ class Future(Generic[T]):
             else:
                 chained._complete(result, None)
 
+        chained._sources = (self,)
         self.add_done_callback(run)
         return chained
 
@@ -105,9 +117,11 @@ class Future(Generic[T]):
         return True
 
     def _run_callback(self, callback: Callable[["Future[T]"], None]) -> None:
+        # Any exception, SystemExit and KeyboardInterrupt too: the other callbacks still run,
+        # and the thread running them (the event thread) must not die.
         try:
             callback(self)
-        except Exception:
+        except BaseException:
             logger.exception("a Future's done callback raised; the error is ignored")
 
     def __repr__(self) -> str:
@@ -118,6 +132,7 @@ class Future(Generic[T]):
 def collect_all(futures: List[Future]) -> Future[List[Future]]:
     """A future that completes, with the list of ``futures``, once all of them have."""
     combined: Future[List[Future]] = Future()
+    combined._sources = tuple(futures)
     remaining = [len(futures)]
     lock = threading.Lock()
     if not futures:

@@ -1,6 +1,7 @@
 """Scenarios for calls, worker look-ups, errors and timeouts."""
 
 import os
+import sys
 import threading
 import time
 
@@ -144,6 +145,26 @@ def callbacks(rank, world_size):
         fut = rpc.rpc_async("worker1", slow, args=(0.2,))
         fut.add_done_callback(lambda f: waited.append(f.value()))
         out["waited"] = (fut.wait(), waited)
+        # A callback that waits on a nested call and its own callbacks, on the thread that runs
+        # callbacks (nobody waits on the outer future).
+        nested_done = threading.Event()
+        nested = []
+
+        def nested_callback(f):
+            inner = rpc.rpc_async("worker1", add, args=(f.value(), 10)).then(lambda g: g.value() * 2)
+            nested.append(inner.wait())
+            nested_done.set()
+
+        rpc.rpc_async("worker1", add, args=(1, 2)).then(nested_callback)
+        out["nested"] = (nested_done.wait(10), nested)
+        # A callback raising SystemExit: the next callbacks run, and so do later futures'.
+        after_exit = []
+        fut = rpc.rpc_async("worker1", add, args=(1, 1))
+        fut.add_done_callback(lambda f: sys.exit(3))
+        fut.add_done_callback(lambda f: after_exit.append(f.value()))
+        later = threading.Event()
+        rpc.rpc_async("worker1", add, args=(2, 2)).add_done_callback(lambda f: later.set())
+        out["after_exit"] = (later.wait(10), after_exit)
         out["pending_after"] = _agent.current_agent().pending_futures()
     rpc.shutdown()
     return out

@@ -3,7 +3,8 @@ package core_test
 import (
 	"context"
 	"fmt"
-	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,9 +17,10 @@ import (
 // A world of two agents in one program: each registers an "upper" handler, and w0 calls w1.
 // Real programs run one agent per process with the same InitMethod.
 func Example() {
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	store := "tcp://" + l.Addr().String()
-	l.Close()
+	// A file store needs no free port; between hosts use "tcp://host:port" (rank 0 serves it).
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	store := "file://" + filepath.Join(dir, "store")
 
 	upper := core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
 		return core.Message{Payload: []byte(strings.ToUpper(string(req.Payload)))}, nil
@@ -117,9 +119,10 @@ func startAll(n int, set func(*core.Config)) ([]*core.Agent, error) {
 // Workers on one host talk over shared memory unless told otherwise; Config.Transports (or
 // TENSORPLAY_RPC_TRANSPORTS) pins them, here to gRPC, the path between hosts.
 func ExampleConfig_transports() {
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	store := "tcp://" + l.Addr().String()
-	l.Close()
+	// A file store needs no free port; between hosts use "tcp://host:port" (rank 0 serves it).
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	store := "file://" + filepath.Join(dir, "store")
 
 	echo := core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
 		return req, nil

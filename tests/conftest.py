@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -26,10 +27,28 @@ RUNNER = os.path.join(TESTS_DIR, "_runner.py")
 
 
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that was free a moment ago.
+
+    Drawn from below the kernel's ephemeral range: a port the kernel handed out for port 0
+    could be handed out again (to another listener or an outgoing connection) before the
+    world binds it.
+    """
+    first = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    lowest = 10000
+    for _ in range(200):
+        port = random.randrange(lowest, max(first, lowest + 1000))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in [{lowest}, {first}) after 200 tries")
 
 
 @dataclass

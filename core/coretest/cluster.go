@@ -4,7 +4,11 @@ package coretest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,15 +44,41 @@ type Options struct {
 	Transports []string
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago. It is drawn from below the
+// kernel's ephemeral range: a port the kernel handed out for ":0" could be handed out again, to
+// another test process's listener or outgoing connection, before the world binds it.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	first := ephemeralStart()
+	const lowest = 10000
+	for range 200 {
+		port := lowest + rand.IntN(first-lowest)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free loopback port in [%d, %d) after 200 tries", lowest, first)
+	return 0
+}
+
+// ephemeralStart is the first port of the kernel's ephemeral range (Linux's default if unreadable).
+func ephemeralStart() int {
+	const linuxDefault = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 {
+		return linuxDefault
+	}
+	first, err := strconv.Atoi(fields[0])
+	if err != nil || first <= 10000+1000 {
+		return linuxDefault
+	}
+	return first
 }
 
 // Configs returns the configs of a world of n workers named w0…w(n-1).

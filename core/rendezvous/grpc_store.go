@@ -22,6 +22,8 @@ const (
 	storeGrace = 3 * time.Second
 	// ReplySlack is how much longer a client waits than it asks the store to.
 	ReplySlack = 2 * time.Second
+	// gatherRetryPause spaces a client's attempts after its connection to the store broke.
+	gatherRetryPause = 50 * time.Millisecond
 )
 
 type gatherReply struct {
@@ -122,10 +124,31 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 		ctx, cancel = context.WithTimeout(ctx, d+ReplySlack)
 		defer cancel()
 	}
+	deadline, bounded := ctx.Deadline()
 	var reply gatherReply
-	err := s.cc.Invoke(ctx, storeGatherPath, &req, &reply, grpc.WaitForReady(!req.FailFast))
-	if err == nil {
-		return reply.Values, nil
+	var err error
+	for {
+		err = s.cc.Invoke(ctx, storeGatherPath, &req, &reply, grpc.WaitForReady(!req.FailFast))
+		if err == nil {
+			return reply.Values, nil
+		}
+		// A connection that broke while the store held the request (a blip, a keepalive ping
+		// answered late on a loaded host) is no reason to fail a join: the store admits the
+		// same participant again. A fail-fast round gives up instead.
+		if req.FailFast || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			break
+		}
+		if bounded {
+			left := time.Until(deadline) - ReplySlack
+			if left <= 0 {
+				break
+			}
+			req.WaitMs = max(left.Milliseconds(), 1)
+		}
+		select {
+		case <-time.After(gatherRetryPause):
+		case <-ctx.Done():
+		}
 	}
 	st := status.Convert(err)
 	switch {

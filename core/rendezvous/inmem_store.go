@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -51,6 +52,9 @@ type MemStore struct {
 	finished map[string]error
 	ring     [finishedRoundsKept]string
 	ringNext int
+	// completed keeps the project's own rounds that completed, values and all (two rounds of
+	// world-size records), so a participant whose reply was lost can ask again.
+	completed map[string]*gatherRound
 }
 
 type gatherRound struct {
@@ -72,6 +76,7 @@ func NewMemStore(worldSize int) *MemStore {
 		rounds:    map[string]*gatherRound{},
 		gone:      map[string]map[int]bool{},
 		finished:  map[string]error{},
+		completed: map[string]*gatherRound{},
 	}
 }
 
@@ -144,6 +149,15 @@ func (s *MemStore) retire(r *gatherRound) {
 	s.ring[s.ringNext] = r.name
 	s.ringNext = (s.ringNext + 1) % finishedRoundsKept
 	s.finished[r.name] = r.err
+	if r.err == nil && projectRound(r.name) {
+		s.completed[r.name] = r
+	}
+}
+
+// rejoins reports whether req is a participant entering r again with what it brought the
+// first time: a client retrying after its connection broke, not a second worker.
+func (r *gatherRound) rejoins(req GatherRequest) bool {
+	return r.who[req.Rank] == req.Who && bytes.Equal(r.values[req.Rank], req.Value)
 }
 
 // liveRounds is the number of rounds under way; for tests.
@@ -194,7 +208,9 @@ func (s *MemStore) check(req GatherRequest) error {
 // real world can still complete. (Before the store knew the size, a mismatch failed the round
 // for everyone, as either side could be the wrong one; no test relies on that.) The others
 // wait for the rank that never came, and their timeout names it. A duplicate rank still fails
-// the round for everyone: no one can tell which of the two is the real one.
+// the round for everyone: no one can tell which of the two is the real one. The same
+// participant again, with the same value, is a client retrying after its connection broke:
+// it waits with the round, or gets the values of a project round that completed.
 func (s *MemStore) enter(req GatherRequest) (*gatherRound, error) {
 	if err := s.check(req); err != nil {
 		return nil, err
@@ -203,6 +219,9 @@ func (s *MemStore) enter(req GatherRequest) (*gatherRound, error) {
 	defer s.mu.Unlock()
 	r := s.rounds[req.Round]
 	if r == nil {
+		if done := s.completed[req.Round]; done != nil && done.rejoins(req) {
+			return done, nil
+		}
 		if err, over := s.finished[req.Round]; over {
 			if err != nil {
 				return nil, err // what it would have heard had it come in time
@@ -224,6 +243,7 @@ func (s *MemStore) enter(req GatherRequest) (*gatherRound, error) {
 	}
 	switch {
 	case r.err != nil:
+	case r.rejoins(req): // it waits with the round again
 	case r.who[req.Rank] != "":
 		r.fail(fmt.Errorf("round %q: rank %d was taken by both %s and %s", req.Round, req.Rank, r.who[req.Rank], req.Who))
 	case r.gone[req.Rank]: // declared gone, but here after all: too late to change the round

@@ -60,8 +60,16 @@ func FuzzStoreRequest(f *testing.F) {
 		case r.size != worldSize || len(r.who) != worldSize || len(r.values) != worldSize:
 			t.Fatalf("round of size %d (%d, %d slots) in a world of %d", r.size, len(r.who), len(r.values), worldSize)
 		}
-		// The same rank again spoils the round for everyone, and it leaves the store.
-		if _, err := store.enter(req); err != nil {
+		// The same participant again (a client retrying) waits with the round and counts once.
+		joined := r.joined
+		if again, err := store.enter(req); err != nil || again != r || r.err != nil || r.joined != joined {
+			t.Fatalf("the same participant again: err %v, round error %v, joined %d -> %d", err, r.err, joined, r.joined)
+		}
+		// Another participant on the same rank spoils the round for everyone, and it leaves
+		// the store.
+		other := req
+		other.Who = "another " + clip(req.Who)
+		if _, err := store.enter(other); err != nil {
 			t.Fatalf("a duplicate joining a round under way: %v", err)
 		}
 		if r.err == nil {

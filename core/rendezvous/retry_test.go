@@ -1,0 +1,165 @@
+package rendezvous
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// cuttingProxy forwards TCP connections to a server and can break every one it carries, as a
+// network blip or a keepalive lost on a loaded host would.
+type cuttingProxy struct {
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCuttingProxy(t *testing.T, target string) *cuttingProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttingProxy{l: l}
+	t.Cleanup(func() { l.Close(); p.cut() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return p
+}
+
+// cut breaks every connection the proxy carries now; new ones still go through.
+func (p *cuttingProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestJoinSurvivesABrokenConnection: a worker whose connection to the store breaks while it
+// waits for the others joins again, as the same participant, and the world forms; before, its
+// join failed, and joining again failed the round for everyone ("taken by both").
+func TestJoinSurvivesABrokenConnection(t *testing.T) {
+	ctx := storeTestContext(t)
+	mem := NewMemStore(2)
+	srv, err := ServeStore("127.0.0.1:0", mem, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	proxy := newCuttingProxy(t, srv.Addr())
+	remote, err := DialStore(proxy.l.Addr().String(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remote.Close()
+	join := func(rank int) GatherRequest {
+		return GatherRequest{Round: JoinRound, Rank: rank, Size: 2, Who: fmt.Sprintf(`"w%d"`, rank), Value: []byte{byte(rank)}, WaitMs: 10_000}
+	}
+	values := make([][][]byte, 2)
+	errs := make([]error, 2)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		values[1], errs[1] = remote.Gather(ctx, join(1))
+	}()
+	joined := func() int {
+		mem.mu.Lock()
+		defer mem.mu.Unlock()
+		if r := mem.rounds[JoinRound]; r != nil {
+			return r.joined
+		}
+		return 0
+	}
+	for deadline := time.Now().Add(5 * time.Second); joined() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rank 1 never reached the store")
+		}
+	}
+	proxy.cut()
+	time.Sleep(300 * time.Millisecond) // rank 1 notices and joins again
+	values[0], errs[0] = mem.Gather(ctx, join(0))
+	<-done
+	checkWorld(t, values, errs)
+}
+
+// TestMemStoreAdmitsTheSameParticipantAgain: a participant entering again with what it brought
+// the first time waits with its round, or gets the values of a project round that completed
+// (its reply was lost); anyone else on that rank is a duplicate.
+func TestMemStoreAdmitsTheSameParticipantAgain(t *testing.T) {
+	ctx := storeTestContext(t)
+	tests := []struct {
+		name     string
+		again    GatherRequest
+		complete bool // enter again after the round completed
+		want     string
+	}{
+		{name: "same participant, round under way", again: GatherRequest{Who: `"w1"`, Value: []byte{1}}},
+		{name: "same participant, round completed", again: GatherRequest{Who: `"w1"`, Value: []byte{1}}, complete: true},
+		{name: "same name, another record", again: GatherRequest{Who: `"w1"`, Value: []byte{9}}, want: `rank 1 was taken by both "w1" and "w1"`},
+		{name: "another name", again: GatherRequest{Who: `"x"`, Value: []byte{1}}, want: `rank 1 was taken by both "w1" and "x"`},
+		{name: "another name after completion", again: GatherRequest{Who: `"x"`, Value: []byte{1}}, complete: true, want: "already over"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := NewMemStore(2)
+			first := GatherRequest{Round: JoinRound, Rank: 1, Size: 2, Who: `"w1"`, Value: []byte{1}, WaitMs: 10_000}
+			again := first
+			again.Who, again.Value = tt.again.Who, tt.again.Value
+			zero := GatherRequest{Round: JoinRound, Rank: 0, Size: 2, Who: `"w0"`, Value: []byte{0}, WaitMs: 10_000}
+			if _, err := store.enter(first); err != nil {
+				t.Fatal(err)
+			}
+			var got [][]byte
+			var err error
+			if tt.complete {
+				if _, err := store.Gather(ctx, zero); err != nil {
+					t.Fatal(err)
+				}
+				got, err = store.Gather(ctx, again)
+			} else {
+				result := make(chan error, 1)
+				go func() {
+					var err error
+					got, err = store.Gather(ctx, again)
+					result <- err
+				}()
+				time.Sleep(20 * time.Millisecond)
+				if _, err := store.Gather(ctx, zero); err != nil && tt.want == "" {
+					t.Fatal(err)
+				}
+				err = <-result
+			}
+			if tt.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("err = %v, want it to say %q", err, tt.want)
+				}
+				return
+			}
+			if err != nil || len(got) != 2 || got[0][0] != 0 || got[1][0] != 1 {
+				t.Fatalf("got %v, %v; want both records", got, err)
+			}
+		})
+	}
+}

@@ -225,3 +225,49 @@ func TestGracefulShutdownIsABarrier(t *testing.T) {
 		}
 	})
 }
+
+// TestSelfCallsGetTheirOwnCopies: a call a worker makes to itself hands its handler and its
+// caller their own memory, as a remote call does: the handler changing its request, or reusing
+// its reply's buffer once it has replied, changes nothing the caller holds.
+func TestSelfCallsGetTheirOwnCopies(t *testing.T) {
+	tests := []struct {
+		name string
+		size int
+	}{
+		{name: "small", size: 100},
+		{name: "big", size: 4 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			scratch := make([]byte, tt.size)
+			handlers := map[string]core.Handler{
+				"scribble": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+					for i := range req.Buffers[0] {
+						req.Buffers[0][i] = 'h'
+					}
+					for i := range scratch {
+						scratch[i] = 'r'
+					}
+					return core.Message{Payload: []byte("p"), Buffers: [][]byte{scratch}}, nil
+				}),
+			}
+			a := coretest.New(t, 1, coretest.Options{Handlers: handlers}).Agents[0]
+			arg := bytes.Repeat([]byte{'c'}, tt.size)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			reply, err := a.Call(ctx, "w0", "scribble", core.Message{Payload: []byte("p"), Buffers: [][]byte{arg}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range scratch {
+				scratch[i] = 'x' // the handler's buffer, reused after it replied
+			}
+			if !bytes.Equal(arg, bytes.Repeat([]byte{'c'}, tt.size)) {
+				t.Error("the handler wrote into the caller's request")
+			}
+			if len(reply.Buffers) != 1 || !bytes.Equal(reply.Buffers[0], bytes.Repeat([]byte{'r'}, tt.size)) {
+				t.Error("the caller's reply changed when the handler reused its buffer")
+			}
+		})
+	}
+}

@@ -85,9 +85,14 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 	})
 	stopWatch.Store(&stop)
 	if to == a.self.ID {
-		a.dispatch(a.serveCtx, a.self, frame, req, func(resp *wire.Frame, msg Message) <-chan struct{} {
-			msg, err := responseResult(resp, msg, name)
-			f.complete(msg, err)
+		// Both ways an own copy (Message.ownCopy), so the request's and the reply's memory are
+		// no longer read once the call returns and the reply is handed over.
+		a.dispatch(a.serveCtx, a.self, frame, req.ownCopy(), func(resp *wire.Frame, msg Message) <-chan struct{} {
+			own := msg.ownCopy()
+			reply, err := responseResult(resp, own, name)
+			if !f.complete(reply, err) {
+				own.Release()
+			}
 			return closedChan
 		})
 		return f

@@ -31,3 +31,35 @@ func (m Message) Size() int {
 	}
 	return n
 }
+
+// ownCopyAbove is the size from which an own copy lives in one pooled buffer, lent in place as
+// a received big message is; below it a plain allocation is cheaper.
+const ownCopyAbove = 64 << 10
+
+// ownCopy returns m in memory of its own. A call to this worker itself hands its handler and
+// its caller such copies, as a remote call does: the handler may start after its caller gave up
+// and reused the request's memory, the caller reads the reply after the handler let go of it,
+// and neither may change what the other holds.
+func (m Message) ownCopy() Message {
+	size := m.Size()
+	var out Message
+	var buf []byte
+	if size >= ownCopyAbove {
+		buf = pool.Get(size)
+		out.release = releaseOnce(buf)
+	} else {
+		buf = make([]byte, size)
+	}
+	at := 0
+	cut := func(b []byte) []byte {
+		n := copy(buf[at:], b)
+		seg := buf[at : at+n : at+n]
+		at += n
+		return seg
+	}
+	out.Payload = cut(m.Payload)
+	for _, b := range m.Buffers {
+		out.Buffers = append(out.Buffers, cut(b))
+	}
+	return out
+}

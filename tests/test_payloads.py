@@ -55,6 +55,17 @@ def test_bytes_like_round_trips():
     assert all(out.values()), [k for k, v in out.items() if not v]
 
 
+def test_self_calls_copy_big_arguments():
+    out = run_world("payloads:self_calls", 1)[0].value
+    n = 4 << 20
+    assert out["sum"] == n
+    assert out["mine_after"] == n, "the callee wrote into the caller's array"
+    assert "ran for more than set timeout" in out["late"], out["late"]
+    # The handler ran after the caller gave up and freed its array: it read its own copy.
+    assert out["late_sum"] == 3 * n, f"the late call read {out['late_sum']}, not its argument's {3 * n}"
+    assert out["result_sum"] == 5 * n, out["result_sum"]
+
+
 def test_torch_round_trips():
     out = run_world("payloads:torch_round_trips", 2)[0].value
     assert all(out.values()), [k for k, v in out.items() if not v]

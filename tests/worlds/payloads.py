@@ -1,6 +1,7 @@
 """Scenarios for the data plane: payloads of every kind, big calls, size limits."""
 
 import gc
+import time
 
 import numpy as np
 
@@ -107,6 +108,54 @@ def bytes_like_round_trips(rank, world_size):
             else:
                 same = type(back) is type(value) and back == value
             out[name] = same
+    rpc.shutdown()
+    return out
+
+
+_last_sum = None
+
+
+def sum_then_fill(x, value):
+    """Runs on the callee: record the sum of the argument it got, then overwrite it."""
+    global _last_sum
+    _last_sum = int(x.sum())
+    x[:] = value
+    return _last_sum
+
+
+def make_filled(n, value):
+    return np.full(n, value, dtype=np.uint8)
+
+
+def last_sum():
+    return _last_sum
+
+
+def self_calls(rank, world_size):
+    """Big arguments of calls a worker makes to itself: the callee gets its own copy (as a
+    remote callee does), and a call that timed out while queued, whose handler still starts
+    within the callee's grace, never reads memory the caller freed."""
+    init(rank, world_size, num_worker_threads=1)
+    n = 4 << 20  # 4 MiB: over the size sent from Python's memory in place
+    mine = np.ones(n, dtype=np.uint8)
+    out = {"sum": rpc.rpc_sync("worker0", sum_then_fill, args=(mine, 7)), "mine_after": int(mine.sum())}
+    # One handler thread: the late call is queued behind a sleep that outlasts its timeout
+    # but not the callee's grace, so it runs after its caller gave up.
+    busy = rpc.rpc_async("worker0", time.sleep, args=(0.13,))  # the only handler thread
+    late = rpc.rpc_async("worker0", sum_then_fill, args=(np.full(n, 3, dtype=np.uint8), 1), timeout=0.1)
+    try:
+        late.wait()
+        out["late"] = "completed"
+    except RuntimeError as err:
+        out["late"] = str(err)
+    # The timed-out call's array is garbage now; new arrays take its memory.
+    scribble = [np.full(n, 9, dtype=np.uint8) for _ in range(4)]
+    busy.wait()
+    time.sleep(0.1)
+    out["late_sum"] = rpc.rpc_sync("worker0", last_sum)
+    del scribble
+    # A big result the handler lets go of as soon as it has replied.
+    out["result_sum"] = int(rpc.rpc_sync("worker0", make_filled, args=(n, 5)).sum())
     rpc.shutdown()
     return out
 

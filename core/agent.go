@@ -114,6 +114,7 @@ type Agent struct {
 	onRRefDropped func(wire.RRefID)
 	refFlushArmed atomic.Bool  // a timer will send the queued reference operations (peer.refOps)
 	outstanding   atomic.Int64 // calls made and not yet completed
+	started       atomic.Int64 // calls made, ever: the shutdown barrier compares them
 	state         atomic.Int32
 	ready         chan struct{} // closed once the world is known
 	serveCtx      context.Context

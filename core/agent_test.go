@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,6 +223,51 @@ func TestGracefulShutdownIsABarrier(t *testing.T) {
 		}
 		if err := c.Agents[0].Shutdown(context.Background(), true); !errors.Is(err, core.ErrShutdown) {
 			t.Fatalf("second shutdown: err = %v, want ErrShutdown", err)
+		}
+	})
+}
+
+// TestShutdownWaitsForCallsMadeDuringTheBarrier: w1 and w2 are in the shutdown barrier when
+// w1 serves a call whose handler starts a call to w2 and replies at once; the last worker
+// then enters the barrier. Nobody closes while w1's call is in flight (with a barrier of one
+// round, w2 closed under it and the call failed).
+func TestShutdownWaitsForCallsMadeDuringTheBarrier(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		var w1 atomic.Pointer[core.Agent]
+		var spawned atomic.Pointer[core.CallFuture]
+		opts.Handlers = map[string]core.Handler{
+			"spawn": core.HandlerFunc(func(_ context.Context, _ core.Message) (core.Message, error) {
+				spawned.Store(w1.Load().CallAsync(context.Background(), "w2", "slow", core.Message{}))
+				return core.Message{}, nil
+			}),
+			"slow": core.HandlerFunc(func(_ context.Context, _ core.Message) (core.Message, error) {
+				time.Sleep(300 * time.Millisecond)
+				return core.Message{Payload: []byte("done")}, nil
+			}),
+		}
+		c := coretest.New(t, 3, opts)
+		w1.Store(c.Agents[1])
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		errs := make(chan error, 2)
+		for _, a := range c.Agents[1:] {
+			go func() { errs <- a.Shutdown(ctx, true) }()
+		}
+		time.Sleep(100 * time.Millisecond) // w1 and w2 wait in the barrier
+		if _, err := c.Agents[0].Call(ctx, "w1", "spawn", core.Message{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Agents[0].Shutdown(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		reply, err := spawned.Load().Result()
+		if err != nil || string(reply.Payload) != "done" {
+			t.Fatalf("the call w1 made during the barrier: %q, %v; want it completed", reply.Payload, err)
 		}
 	})
 }

@@ -59,6 +59,7 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 		return f
 	}
 	a.outstanding.Add(1)
+	a.started.Add(1)
 	id := a.nextID.Add(1)
 	frame := &wire.Frame{Kind: wire.FrameRequest, ID: id, Method: method}
 	if dl, ok := ctx.Deadline(); ok {

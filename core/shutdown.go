@@ -1,7 +1,9 @@
 package core
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -13,8 +15,9 @@ import (
 func (a *Agent) closing() bool { return a.state.Load() == stateClosed }
 
 // Shutdown leaves the world. Graceful shutdown is a barrier: it waits until this worker's own
-// calls have completed and every other worker has called Shutdown too, so no worker stops
-// while others still call it; ctx bounds the wait. Non-graceful shutdown closes at once and
+// calls have completed and every other worker has called Shutdown too, and repeats until no
+// worker made a call since the last round, so no worker stops while others still call it; ctx
+// bounds the wait. Non-graceful shutdown closes at once and
 // fails pending calls with ErrShutdown. Only the first call does anything.
 func (a *Agent) Shutdown(ctx context.Context, graceful bool) error {
 	err := ErrShutdown
@@ -28,15 +31,39 @@ func (a *Agent) Shutdown(ctx context.Context, graceful bool) error {
 	return err
 }
 
+// drain is graceful shutdown's barrier, in rounds: in each, a worker waits until its own
+// calls have completed and then gathers with the others the count of calls each has ever
+// made. A handler can make a call after its worker joined a round (work a reply set going);
+// the barrier ends only once a round finds every count as the round before found it, so no
+// worker closes while such a call is in flight. torch repeats its barrier for the same reason.
 func (a *Agent) drain(ctx context.Context) error {
 	a.state.Store(stateDraining)
+	var previous [][]byte
+	for round := range rendezvous.MaxShutdownRounds {
+		values, err := a.barrierRound(ctx, round)
+		if err != nil || values == nil {
+			return err
+		}
+		if round > 0 && sameCounts(values, previous) {
+			return nil
+		}
+		previous = values
+	}
+	a.log.Warn(fmt.Sprintf("tensorplay-rpc: graceful shutdown: workers still made calls after %d barrier rounds; leaving", rendezvous.MaxShutdownRounds), "worker", a.self.Name)
+	return nil
+}
+
+// barrierRound waits for this worker's calls and holds one round of the shutdown barrier; it
+// returns every worker's count of calls made (nil for a worker that is gone), or nil values
+// if the store is gone and there is no barrier left to hold.
+func (a *Agent) barrierRound(ctx context.Context, round int) ([][]byte, error) {
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for a.outstanding.Load() > 0 {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
+			return nil, fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
 		}
 	}
 	// Reference operations still queued go out before the barrier, so owners see them
@@ -46,29 +73,45 @@ func (a *Agent) drain(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
 	}
+	name := rendezvous.ShutdownRoundN(round)
 	if marker, ok := a.store.(rendezvous.GoneMarker); ok {
 		// This worker hosts the store: while the barrier waits, it looks for workers that are
 		// gone, so the others do not wait for them forever.
-		stop := a.watchForGone(marker, rendezvous.ShutdownRound)
+		stop := a.watchForGone(marker, name)
 		defer stop()
 	}
+	count := binary.BigEndian.AppendUint64(nil, uint64(a.started.Load()))
 	values, err := a.store.Gather(ctx, rendezvous.GatherRequest{
-		Round: rendezvous.ShutdownRound, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
-		Value: []byte{1}, WaitMs: wait.Milliseconds(), FailFast: true,
+		Round: name, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
+		Value: count, WaitMs: wait.Milliseconds(), FailFast: true,
 	})
 	if errors.Is(err, rendezvous.ErrStoreGone) {
 		a.noteGone(0, "it hosted the rendezvous store; leaving without the shutdown barrier")
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("graceful shutdown barrier: %w", err)
+		return nil, fmt.Errorf("graceful shutdown barrier: %w", err)
 	}
 	for rank, v := range values {
 		if v == nil && rank < len(a.workers) {
 			a.noteGone(rank, "graceful shutdown did not wait for it")
 		}
 	}
-	return nil
+	return values, nil
+}
+
+// sameCounts reports whether no worker made a call between two barrier rounds; a worker gone
+// in either round counts as idle.
+func sameCounts(now, before [][]byte) bool {
+	if len(now) != len(before) {
+		return false
+	}
+	for rank := range now {
+		if now[rank] != nil && before[rank] != nil && !bytes.Equal(now[rank], before[rank]) {
+			return false
+		}
+	}
+	return true
 }
 
 const (

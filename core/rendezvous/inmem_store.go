@@ -13,9 +13,9 @@ import (
 // allocated or registered.
 const (
 	// maxLiveRounds bounds the rounds under way at once, besides the project's own. The
-	// project uses two rounds, "join" and "shutdown", one after the other; 16 leaves room for
-	// rounds added later while bounding what strangers can open to 16 × world size values.
-	// The project's own rounds are not counted, so strangers cannot crowd them out.
+	// project's rounds ("join", then the shutdown barrier's) run one after the other; 16 leaves
+	// room for rounds added later while bounding what strangers can open to 16 × world size
+	// values. The project's own rounds are not counted, so strangers cannot crowd them out.
 	maxLiveRounds = 16
 	// maxRoundNameBytes bounds a round's name; the project's are a few bytes.
 	maxRoundNameBytes = 256
@@ -33,10 +33,6 @@ const (
 	maxStoreRequestBytes = maxRoundNameBytes + maxWhoBytes + maxStoreValueBytes + 1<<10
 )
 
-// projectRound reports whether round is one the project itself runs; those are exempt from
-// maxLiveRounds (there are only two of them).
-func projectRound(round string) bool { return round == JoinRound || round == ShutdownRound }
-
 // MemStore is a Store held in this process. It is the state behind the gRPC store that rank 0
 // serves, and tests use it directly.
 type MemStore struct {
@@ -52,8 +48,9 @@ type MemStore struct {
 	finished map[string]error
 	ring     [finishedRoundsKept]string
 	ringNext int
-	// completed keeps the project's own rounds that completed, values and all (two rounds of
-	// world-size records), so a participant whose reply was lost can ask again.
+	// completed keeps the project's own rounds that completed, values and all (at most
+	// MaxShutdownRounds+2 rounds of world-size records), so a participant whose reply was lost
+	// can ask again.
 	completed map[string]*gatherRound
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,11 +17,35 @@ import (
 )
 
 // The rounds a world's agents hold: every worker publishes itself in JoinRound, and graceful
-// shutdown is a barrier in ShutdownRound.
+// shutdown is a barrier of rounds ShutdownRound, ShutdownRoundN(1), … (see core's drain).
 const (
 	JoinRound     = "join"
 	ShutdownRound = "shutdown"
+	// MaxShutdownRounds bounds the barrier's rounds; a world still busy after that many leaves.
+	MaxShutdownRounds = 32
 )
+
+// ShutdownRoundN names the n-th round of the shutdown barrier (ShutdownRound for 0).
+func ShutdownRoundN(n int) string {
+	if n == 0 {
+		return ShutdownRound
+	}
+	return fmt.Sprintf("%s.%d", ShutdownRound, n)
+}
+
+// projectRound reports whether round is one the project itself runs; those are exempt from
+// the store's limit on live rounds (there are at most MaxShutdownRounds+1 of them).
+func projectRound(round string) bool {
+	if round == JoinRound || round == ShutdownRound {
+		return true
+	}
+	n, ok := strings.CutPrefix(round, ShutdownRound+".")
+	if !ok {
+		return false
+	}
+	k, err := strconv.Atoi(n)
+	return err == nil && k > 0 && k < MaxShutdownRounds && ShutdownRoundN(k) == round
+}
 
 // Store is the rendezvous service of a world: rank 0 hosts it, every agent uses it to join the
 // world and for barriers.

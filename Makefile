@@ -18,7 +18,7 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench fuzz soak clean
+.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench fuzz soak scale clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench  tensorplay_rpc (shm and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
 	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 3 million runs each"
 	@echo "make soak   a 10-minute soak of a world of 4"
+	@echo "make scale  a world of 256 workers on this host, three times"
 
 # Installs only what is missing, so a warm machine does no network work.
 deps:
@@ -92,6 +93,11 @@ test-go: deps
 # The soak runs 20 s in `make test`, 10 minutes here.
 soak: install
 	cd tests && TENSORPLAY_SOAK_SECONDS=600 ../$(PY) -m pytest -q -p no:cacheprovider test_soak.py
+
+# A world of 32 runs in `make test`; here 256, three times in a row, with what each worker
+# costs printed (goroutines, threads, file descriptors, RSS).
+scale: install
+	cd tests && TENSORPLAY_SCALE_WORKERS=256 TENSORPLAY_SCALE_RUNS=3 ../$(PY) -m pytest -q -p no:cacheprovider -o log_cli=true test_scale.py
 
 # The fuzz targets: briefly in `make test`, longer here.
 # Budgets are counts of executions, not durations: with a duration, Go 1.26's fuzzing

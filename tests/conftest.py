@@ -108,7 +108,9 @@ class World:
 
 def end_processes(procs: List[subprocess.Popen], grace: float = 2.0) -> None:
     """End every process still running, by PID: SIGTERM first (the runner then dumps every
-    thread's stack to its log), SIGKILL for those still there after ``grace`` seconds."""
+    thread's stack to its log), SIGKILL for those still there after ``grace`` seconds. Every
+    process gets its signals before any is waited for long: on a loaded host a wait can run
+    out, and it must not leave the rest running."""
     running = [p for p in procs if p.poll() is None]
     for p in running:
         p.terminate()
@@ -117,8 +119,16 @@ def end_processes(procs: List[subprocess.Popen], grace: float = 2.0) -> None:
         try:
             p.wait(timeout=max(0.01, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+            pass
+    stragglers = [p for p in running if p.poll() is None]
+    for p in stragglers:
+        p.kill()
+    deadline = time.monotonic() + 30
+    for p in stragglers:
+        try:
+            p.wait(timeout=max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass  # SIGKILL was sent; the kernel reaps it
 
 
 def _describe(results: List[RankResult]) -> str:

@@ -1,6 +1,7 @@
 """init_rpc and shutdown: the world forming, failing to form, and ending."""
 
 import os
+import signal
 import subprocess
 import time
 
@@ -158,6 +159,31 @@ def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path, each_transport)
         assert out["mapped_while_calling"] == 0, out
     assert out["mapped_after_shutdown"] == 0, out
     assert set(os.listdir("/dev/shm")) <= shm_files_before
+
+
+def test_a_frozen_peer_is_not_a_dead_one(world, tmp_path, each_transport):
+    ready, frozen = tmp_path / "ready", tmp_path / "frozen"
+    w = world("faults:peer_frozen", 3, args=[str(ready), str(frozen)])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "worker0 never got going"
+    frozen_for = 5.0
+    os.kill(w.procs[1].pid, signal.SIGSTOP)
+    try:
+        frozen.write_text("frozen")
+        time.sleep(frozen_for)
+    finally:
+        os.kill(w.procs[1].pid, signal.SIGCONT)
+    results = w.finish(timeout=60)
+    for r in results:
+        assert r.returncode == 0, r.output
+        assert "is gone" not in r.output, r.output
+    out = results[0].value
+    assert out["survivor"] == 4 and out["survivor_took"] < 2, out
+    assert out["frozen_call"] == 5 and out["frozen_call_took"] > frozen_for - 1, out
+    assert out["before"] == out["after"] == 42, out
+    assert out["new_call"] == 7, out
 
 
 def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):

@@ -104,6 +104,40 @@ def peer_dies(rank, world_size, ready_file):
     return out
 
 
+def _wait_for(path, seconds):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.02)
+
+
+def peer_frozen(rank, world_size, ready_file, frozen_file):
+    """worker1 is frozen by the test (SIGSTOP, then SIGCONT some seconds later): a loaded or
+    paused host is not a dead one. Calls to it wait and complete once it runs again, the RRef
+    it owns survives, and calls to the others go on meanwhile."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        owned = rpc.remote("worker1", add, args=(20, 22))
+        out["before"] = owned.to_here()
+        rpc.rpc_sync("worker2", add, args=(1, 1))
+        with open(ready_file, "w") as f:
+            f.write("ready")
+        _wait_for(frozen_file, 30)
+        start = time.monotonic()
+        fut = rpc.rpc_async("worker1", add, args=(2, 3), timeout=60)
+        out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
+        out["survivor_took"] = time.monotonic() - start
+        out["frozen_call"] = fut.wait()
+        out["frozen_call_took"] = time.monotonic() - start
+        out["after"] = owned.to_here()
+        out["new_call"] = rpc.rpc_sync("worker1", add, args=(3, 4))
+        del owned
+    rpc.shutdown()
+    return out
+
+
 def missing_master_addr(rank, world_size):
     del os.environ["MASTER_ADDR"]
     try:

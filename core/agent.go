@@ -112,14 +112,18 @@ type Agent struct {
 
 	refs          *refTable
 	onRRefDropped func(wire.RRefID)
-	refFlushArmed atomic.Bool  // a timer will send the queued reference operations (peer.refOps)
-	outstanding   atomic.Int64 // calls made and not yet completed
-	started       atomic.Int64 // calls made, ever: the shutdown barrier compares them
-	state         atomic.Int32
-	ready         chan struct{} // closed once the world is known
-	serveCtx      context.Context
-	stopServing   context.CancelFunc
-	shutdown      sync.Once
+	refFlushArmed atomic.Bool // a timer will send the queued reference operations (peer.refLog)
+	// refsApplied, by worker, is the number of the last reference operation applied from it
+	// (see applyRefOpsFrom); refSeqMu orders the application across its streams.
+	refSeqMu    sync.Mutex
+	refsApplied []atomic.Uint64
+	outstanding atomic.Int64 // calls made and not yet completed
+	started     atomic.Int64 // calls made, ever: the shutdown barrier compares them
+	state       atomic.Int32
+	ready       chan struct{} // closed once the world is known
+	serveCtx    context.Context
+	stopServing context.CancelFunc
+	shutdown    sync.Once
 
 	goneMu sync.Mutex
 	gone   []WorkerInfo // found gone while shutting down
@@ -218,6 +222,7 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 	a.byName = make(map[string]int, len(workers))
 	a.peers = make([]*peer, len(workers))
 	a.served = make([]chan struct{}, len(workers))
+	a.refsApplied = make([]atomic.Uint64, len(workers))
 	for id, w := range workers {
 		a.byName[w.Name] = id
 		a.peers[id] = &peer{agent: a, info: w}

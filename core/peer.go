@@ -20,38 +20,77 @@ type peer struct {
 	conn    *peerConn     // nil until dialed, and again after the stream breaks
 	dialing chan struct{} // closed when the dial under way ends
 
-	// refOps are reference operations for RRefs the peer owns, in the order they were made;
-	// the next request or reference frame to the peer takes them along (frameWriter).
-	refMu  sync.Mutex
-	refOps []wire.RefOp
+	// Reference operations for RRefs the peer owns, numbered from 1 in the order they were
+	// made (wire.Frame.RefSeq). refLog holds those the peer has not acknowledged, oldest first,
+	// numbered refAcked+1 on. The first refSent of them went out on the stream of generation
+	// refGen (requests take them along, see frameWriter); a new stream sends them all again,
+	// and the owner applies each once, so an operation lost with a broken stream is not lost.
+	refMu    sync.Mutex
+	refLog   []wire.RefOp
+	refAcked uint64
+	refSent  int
+	refGen   uint64
 }
 
 func (p *peer) queueRefOp(op wire.RefOp) {
 	p.refMu.Lock()
-	p.refOps = append(p.refOps, op)
+	p.refLog = append(p.refLog, op)
 	p.refMu.Unlock()
 }
 
+// hasRefOps reports whether operations wait to be sent.
 func (p *peer) hasRefOps() bool {
 	p.refMu.Lock()
 	defer p.refMu.Unlock()
-	return len(p.refOps) > 0
+	return len(p.refLog) > p.refSent
 }
 
-// takeRefOps removes and returns up to limit queued reference operations, oldest first.
-func (p *peer) takeRefOps(limit int) []wire.RefOp {
+// takeRefOps returns up to limit operations not yet sent on the stream of generation gen,
+// oldest first, and the number of the first; a stream that is no longer the current one
+// takes none.
+func (p *peer) takeRefOps(gen uint64, limit int) ([]wire.RefOp, uint64) {
 	p.refMu.Lock()
 	defer p.refMu.Unlock()
-	n := min(limit, len(p.refOps))
-	if n == 0 {
-		return nil
+	n := min(limit, len(p.refLog)-p.refSent)
+	if gen != p.refGen || n <= 0 {
+		return nil, 0
 	}
-	ops := slices.Clone(p.refOps[:n])
-	p.refOps = p.refOps[n:]
-	if len(p.refOps) == 0 {
-		p.refOps = nil
+	ops := slices.Clone(p.refLog[p.refSent : p.refSent+n])
+	first := p.refAcked + uint64(p.refSent) + 1
+	p.refSent += n
+	return ops, first
+}
+
+// newRefStream starts a stream generation: every unacknowledged operation goes again.
+func (p *peer) newRefStream() uint64 {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	p.refGen++
+	p.refSent = 0
+	return p.refGen
+}
+
+// ackRefOps forgets the operations the owner says it applied, up to number seq.
+func (p *peer) ackRefOps(seq uint64) {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	if seq <= p.refAcked {
+		return
 	}
-	return ops
+	k := int(min(seq-p.refAcked, uint64(len(p.refLog))))
+	p.refLog = slices.Clone(p.refLog[k:])
+	p.refAcked += uint64(k)
+	p.refSent = max(0, p.refSent-k)
+}
+
+// dropRefOps forgets every operation for the peer, as when it cannot be reached at shutdown.
+func (p *peer) dropRefOps() int {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	n := len(p.refLog)
+	p.refAcked += uint64(n)
+	p.refLog, p.refSent = nil, 0
+	return n
 }
 
 // peerConn is one stream to a peer and its table of pending calls.
@@ -113,7 +152,8 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	c := &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}
 	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
-	c.writer.takeRefOps = p.takeRefOps
+	gen := p.newRefStream()
+	c.writer.takeRefOps = func(limit int) ([]wire.RefOp, uint64) { return p.takeRefOps(gen, limit) }
 	self := p.agent.self
 	if err := c.writer.sendFrame(wire.HelloFrame(self.Name, self.ID)); err != nil {
 		c.cancel()
@@ -176,9 +216,14 @@ func (c *peerConn) readLoop() {
 		if fr == nil {
 			continue
 		}
+		if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
+			c.peer.ackRefOps(fr.RefSeq)
+		}
 		if fr.Kind != wire.FrameResponse {
 			msg.Release()
-			a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
+			if fr.Kind != wire.FrameRefs || len(fr.Refs) > 0 {
+				a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
+			}
 			continue
 		}
 		if refused != nil {

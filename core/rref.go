@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -156,10 +155,29 @@ func (a *Agent) flushLateRefOps() {
 // OwnedRRefs is the number of RRefs this worker owns that are still referenced somewhere.
 func (a *Agent) OwnedRRefs() int { return a.refs.len() }
 
-// applyRefOpsFrom applies reference operations that worker sent to this one as owner. A
-// worker can only release its own forks: releases naming another holder are refused.
-func (a *Agent) applyRefOpsFrom(worker WorkerInfo, ops []wire.RefOp) {
-	valid := ops[:0]
+// applyRefOpsFrom applies reference operations that worker sent to this one as owner, the
+// first numbered first (wire.Frame.RefSeq), and returns the number of the last one applied
+// from worker. Each number is applied once, in order: an operation sent again on a new stream
+// after the old one broke is skipped, and a batch that would leave a gap is refused (the
+// sender sends again everything not acknowledged). A worker can only release its own forks:
+// releases naming another holder are refused.
+func (a *Agent) applyRefOpsFrom(worker WorkerInfo, first uint64, ops []wire.RefOp) uint64 {
+	a.refSeqMu.Lock()
+	defer a.refSeqMu.Unlock()
+	applied := a.refsApplied[worker.ID].Load()
+	if len(ops) == 0 {
+		return applied
+	}
+	if first == 0 || first > applied+1 {
+		a.log.Warn("tensorplay-rpc: refused RRef operations out of sequence", "from", worker.Name, "first", first, "applied", applied)
+		return applied
+	}
+	if skip := applied + 1 - first; skip < uint64(len(ops)) {
+		ops = ops[skip:]
+	} else {
+		return applied
+	}
+	valid := make([]wire.RefOp, 0, len(ops))
 	refused := 0
 	for _, op := range ops {
 		switch {
@@ -174,7 +192,13 @@ func (a *Agent) applyRefOpsFrom(worker WorkerInfo, ops []wire.RefOp) {
 		a.log.Warn("tensorplay-rpc: refused RRef operations a worker may not make (releases of another's forks, unknown holders or kinds)", "from", worker.Name, "count", refused)
 	}
 	a.applyRefOps(valid)
+	applied += uint64(len(ops))
+	a.refsApplied[worker.ID].Store(applied)
+	return applied
 }
+
+// refsAppliedFrom is the number of the last reference operation applied from worker.
+func (a *Agent) refsAppliedFrom(worker int) uint64 { return a.refsApplied[worker].Load() }
 
 // applyRefOps applies reference operations addressed to this worker as owner.
 func (a *Agent) applyRefOps(ops []wire.RefOp) {
@@ -197,7 +221,7 @@ func (a *Agent) flushRefOps(ctx context.Context) {
 			err = c.writer.sendRefOps()
 		}
 		if err != nil {
-			n := len(p.takeRefOps(math.MaxInt))
+			n := p.dropRefOps()
 			a.log.Debug("tensorplay-rpc: RRef operations not delivered", "owner", p.info.Name, "count", n, "err", err)
 		}
 	}

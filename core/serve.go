@@ -58,6 +58,8 @@ func (a *Agent) serveStream(s transport.Stream) {
 			freeSlot()
 			return closedChan
 		}
+		// Every response acknowledges the caller's reference operations applied so far.
+		fr.RefSeq = a.refsAppliedFrom(caller.ID)
 		out, err := writer.send(fr, msg, freeSlot)
 		if err != nil {
 			freeSlot()
@@ -89,7 +91,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 			// Reference operations ride on requests, ahead of them (frameWriter.send): they
 			// apply even to a request refused below.
 			if len(fr.Refs) > 0 {
-				a.applyRefOpsFrom(caller, fr.Refs)
+				a.applyRefOpsFrom(caller, fr.RefSeq, fr.Refs)
 			}
 			// While this worker holds the stream up (no slot free, a handler pushing back), the
 			// silence is not the caller's: the receive budget must not count it against it.
@@ -109,7 +111,12 @@ func (a *Agent) serveStream(s transport.Stream) {
 			a.dispatch(ctx, caller, fr, msg, reply)
 			unhold()
 		case wire.FrameRefs:
-			a.applyRefOpsFrom(caller, fr.Refs)
+			// They have no reply to ride on: the acknowledgement goes in a frame of its own.
+			if applied := a.applyRefOpsFrom(caller, fr.RefSeq, fr.Refs); applied > 0 {
+				if err := writer.sendFrame(&wire.Frame{Kind: wire.FrameRefs, RefSeq: applied}); err != nil {
+					return
+				}
+			}
 		default:
 			msg.Release()
 			a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)

@@ -16,7 +16,7 @@ type frameWriter struct {
 	onError   func(error)
 	// takeRefOps, on a stream to a peer, gives the reference operations queued for RRefs it
 	// owns (peer.takeRefOps); requests take them along.
-	takeRefOps func(limit int) []wire.RefOp
+	takeRefOps func(limit int) (ops []wire.RefOp, firstSeq uint64)
 
 	mu    sync.Mutex
 	wake  chan struct{}
@@ -86,13 +86,16 @@ func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessa
 	// Taken under w.mu, which orders frames on the stream: a fork's registration is sent
 	// before the message carrying it and before any later release.
 	var refOps []wire.RefOp
+	var refSeq uint64
 	if w.takeRefOps != nil && (f.Kind == wire.FrameRequest || f.Kind == wire.FrameRefs) {
-		refOps = w.takeRefOps(wire.MaxBuffersPerMessage - len(f.Refs))
+		refOps, refSeq = w.takeRefOps(wire.MaxBuffersPerMessage)
 	}
 	if size < int64(w.chunkSize) {
 		f.Payload, f.Buffers = msg.Payload, msg.Buffers
-		f.Refs = append(f.Refs, refOps...)
-		if f.Kind == wire.FrameRefs && len(f.Refs) == 0 {
+		if len(refOps) > 0 {
+			f.Refs, f.RefSeq = refOps, refSeq
+		}
+		if f.Kind == wire.FrameRefs && len(f.Refs) == 0 && f.RefSeq == 0 {
 			return &outMessage{header: f, sent: closedChan}, nil // another frame took them
 		}
 		if len(w.small) == 0 && w.sendMu.TryLock() {
@@ -129,7 +132,7 @@ func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessa
 	if len(refOps) > 0 {
 		// Small frames overtake a big message's header: the operations go ahead of it in a
 		// frame of their own, and no later release can pass them.
-		w.small = append(w.small, &outMessage{header: &wire.Frame{Kind: wire.FrameRefs, Refs: refOps}, sent: make(chan struct{})})
+		w.small = append(w.small, &outMessage{header: &wire.Frame{Kind: wire.FrameRefs, Refs: refOps, RefSeq: refSeq}, sent: make(chan struct{})})
 	}
 	m := &outMessage{header: f, segments: segments, total: size, sent: make(chan struct{}), onSent: onSent}
 	w.large = append(w.large, m)

@@ -78,10 +78,13 @@ func TestReferenceOperationsRideAhead(t *testing.T) {
 			s := &recordingStream{}
 			queued := []wire.RefOp{op}
 			w := newFrameWriter(s, 2<<10, func(error) {})
-			w.takeRefOps = func(limit int) []wire.RefOp {
+			w.takeRefOps = func(limit int) ([]wire.RefOp, uint64) {
 				ops := queued[:min(limit, len(queued))]
 				queued = queued[len(ops):]
-				return ops
+				if len(ops) == 0 {
+					return nil, 0
+				}
+				return ops, 1
 			}
 			defer w.close(ErrShutdown)
 			out, err := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: make([]byte, c.size)}, nil)
@@ -99,7 +102,7 @@ func TestReferenceOperationsRideAhead(t *testing.T) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			for i, f := range s.sent {
-				if want := i == c.carrier; (len(f.Refs) == 1 && f.Refs[0] == op) != want || (!want && len(f.Refs) > 0) {
+				if want := i == c.carrier; (len(f.Refs) == 1 && f.Refs[0] == op && f.RefSeq == 1) != want || (!want && len(f.Refs) > 0) {
 					t.Fatalf("frame %d (%v) carries %v; only frame %d should carry the operation", i, f.Kind, f.Refs, c.carrier)
 				}
 			}

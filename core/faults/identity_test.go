@@ -31,8 +31,10 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if _, err := holder.Call(ctx, "w0", "echo", core.Message{}); err != nil {
 		t.Fatal(err) // the fork is registered once this call, sent after it, is answered
 	}
+	var seq uint64 // numbered as the stream's sender's operations, so they reach the checks
 	forged := func(holder int) *wire.Frame {
-		return &wire.Frame{Kind: wire.FrameRefs, Refs: []wire.RefOp{{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: holder}}}
+		seq++
+		return &wire.Frame{Kind: wire.FrameRefs, Refs: []wire.RefOp{{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: holder}}, RefSeq: seq}
 	}
 
 	// From another address (127.0.0.2 is loopback too), claiming to be w1: refused at hello.

@@ -10,7 +10,7 @@ import (
 )
 
 // frameFields is the length of the msgpack array a Frame is encoded as.
-const frameFields = 11
+const frameFields = 12
 
 // maxDecodedBytes bounds a byte string decoded into fresh memory: bigger data travels in
 // chunks, so a frame announcing more is hostile and is refused before anything is allocated.
@@ -57,7 +57,7 @@ func (f *Frame) encodeTail(enc *msgpack.Encoder) error {
 			return err
 		}
 	}
-	return nil
+	return enc.EncodeUint(f.RefSeq) // compact: zero on most frames
 }
 
 // encodeHead writes the array header and the fields before the payload.
@@ -96,8 +96,8 @@ func (f *Frame) MarshalBuffers(pool mem.BufferPool) (mem.BufferSlice, bool, erro
 	if err := enc.EncodeBytesLen(len(f.Payload)); err != nil {
 		return nil, true, err
 	}
-	// The payload is followed by the empty buffers, refs and sizes arrays.
-	emptyArrays := mem.SliceBuffer{0x90, 0x90, 0x90}
+	// The payload is followed by the empty buffers, refs and sizes arrays and a zero RefSeq.
+	emptyArrays := mem.SliceBuffer{0x90, 0x90, 0x90, 0x00}
 	return mem.BufferSlice{mem.SliceBuffer(head.Bytes()), mem.Copy(f.Payload, pool), emptyArrays}, true, nil
 }
 
@@ -167,6 +167,9 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 			return err
 		}
 		f.Sizes = append(f.Sizes, size)
+	}
+	if f.RefSeq, err = dec.DecodeUint64(); err != nil {
+		return err
 	}
 	return nil
 }

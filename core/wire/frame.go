@@ -16,7 +16,8 @@ const (
 	FrameRequest
 	// FrameResponse answers the request with the same ID.
 	FrameResponse
-	// FrameRefs carries RRef reference operations to their owner; it has no reply.
+	// FrameRefs carries RRef reference operations to their owner; back from the owner, with
+	// none, it acknowledges them (RefSeq).
 	FrameRefs
 	// FrameChunk carries Payload bytes at Offset of the chunked message ID.
 	FrameChunk
@@ -57,6 +58,11 @@ type Frame struct {
 	Sizes []int64
 	// Offset is where a chunk's bytes go in its message.
 	Offset int64
+	// RefSeq numbers reference operations, per (sender, owner) pair from 1, so an owner applies
+	// each once and in order even when they are sent again on a new stream. On a frame that
+	// carries Refs to their owner it is the number of Refs[0]; on a frame back from the owner
+	// (a response, or a FrameRefs with no Refs) it acknowledges every operation up to it.
+	RefSeq uint64
 
 	// Sink, set by a stream's reader before decoding, gives the memory a chunk's bytes go to,
 	// so they are decoded in place (see ChunkSink).

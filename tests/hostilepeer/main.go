@@ -533,7 +533,9 @@ func (p *peer) releaseOtherHolder(ctx context.Context) (string, string) {
 		wire.RefOp{Kind: wire.RefAdd, RRef: wire.RRefID{Creator: 0, Local: 1}, Fork: wire.ForkID{Creator: p.rank, Local: 1 << 40}, Holder: 1 << 40},
 		wire.RefOp{Kind: 99, RRef: wire.RRefID{Creator: -1, Local: math.MinInt64}, Holder: -1},
 	)
-	return p.withStream(ctx, 0, &wire.Frame{Kind: wire.FrameRefs, Refs: ops})
+	// Numbered as a worker's first operations, so they reach the checks of what they do, and
+	// again far ahead, out of sequence.
+	return p.withStream(ctx, 0, &wire.Frame{Kind: wire.FrameRefs, Refs: ops, RefSeq: 1}, &wire.Frame{Kind: wire.FrameRefs, Refs: ops, RefSeq: 1 << 40})
 }
 
 // helloMismatch claims a name with a rank that is not its own, then tries a call.

@@ -1,0 +1,144 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+)
+
+// lossyTransport wraps the streams a worker dials so a test can make them lose frames, one
+// way or the other, and then break, as a link that fails mid-stream does.
+type lossyTransport struct {
+	transport.Transport
+	mu      sync.Mutex
+	streams []*lossyStream
+}
+
+func (t *lossyTransport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	s, err := t.Transport.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	ls := &lossyStream{Stream: s}
+	t.mu.Lock()
+	t.streams = append(t.streams, ls)
+	t.mu.Unlock()
+	return ls, nil
+}
+
+// lose makes every stream dialed so far drop what it sends (out) or receives (back).
+func (t *lossyTransport) lose(out, back bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.streams {
+		s.dropSends.Store(out)
+		s.dropRecvs.Store(back)
+	}
+}
+
+// breakAll ends every stream dialed so far.
+func (t *lossyTransport) breakAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.streams {
+		s.Close()
+	}
+	t.streams = nil
+}
+
+type lossyStream struct {
+	transport.Stream
+	dropSends, dropRecvs atomic.Bool
+}
+
+func (s *lossyStream) Send(f *wire.Frame) error {
+	if s.dropSends.Load() {
+		return nil
+	}
+	return s.Stream.Send(f)
+}
+
+func (s *lossyStream) Recv() (*wire.Frame, error) {
+	for {
+		f, err := s.Stream.Recv()
+		if err != nil || !s.dropRecvs.Load() {
+			return f, err
+		}
+	}
+}
+
+// TestReferenceOperationsSurviveABrokenStream: reference operations lost with a stream that
+// broke are sent again on the next one, and ones that arrived but whose acknowledgement was
+// lost are not applied twice. Before, a fork's registration lost with the stream let the
+// owner free a value the holder still used once its other fork was released, and an operation
+// applied twice (a release) left the value held forever.
+func TestReferenceOperationsSurviveABrokenStream(t *testing.T) {
+	tests := []struct {
+		name            string
+		loseOut, loseIn bool
+	}{
+		{name: "operations lost on the way", loseOut: true},
+		{name: "acknowledgements lost on the way back", loseIn: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
+			lossy := &lossyTransport{Transport: cfgs[0].Transport}
+			cfgs[0].Transport = lossy
+			c := coretest.Start(t, cfgs)
+			holder, owner := c.Agents[0], c.Agents[1]
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			call := func() {
+				t.Helper()
+				if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rref, first, second := holder.NewRRefID(), holder.NewRRefID(), holder.NewRRefID()
+			if err := holder.AddFork(ctx, 1, rref, first, 0); err != nil {
+				t.Fatal(err)
+			}
+			call() // the first fork is registered once this call, which carried it, is answered
+
+			lossy.lose(tt.loseOut, tt.loseIn)
+			if err := holder.AddFork(ctx, 1, rref, second, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := holder.ReleaseFork(1, rref, first); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // the flush timer sends both
+			lossy.breakAll()
+			// The next call goes on a new stream once the holder has seen the old one end.
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				_, err := holder.Call(ctx, "w1", "echo", core.Message{})
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, core.ErrPeerLost) || time.Now().After(deadline) {
+					t.Fatal(err)
+				}
+			}
+
+			if n := owner.OwnedRRefs(); n != 1 {
+				t.Fatalf("owner keeps %d RRefs while the holder holds the second fork, want 1", n)
+			}
+			if err := holder.ReleaseFork(1, rref, second); err != nil {
+				t.Fatal(err)
+			}
+			call()
+			if n := owner.OwnedRRefs(); n != 0 {
+				t.Fatalf("owner keeps %d RRefs after every fork was released, want 0", n)
+			}
+		})
+	}
+}

@@ -75,6 +75,11 @@ type Config struct {
 	// DefaultMaxServedPerCaller. When a caller has that many, its stream is not read until
 	// one is answered, so flow control slows it instead of work piling up here.
 	MaxServedPerCaller int
+	// PeerTimeout bounds how long calls wait on a peer that stopped answering without closing
+	// its connections (see DefaultPeerTimeout); 0 means the environment variable
+	// TENSORPLAY_RPC_PEER_TIMEOUT (seconds) if set, else DefaultPeerTimeout. At least
+	// MinPeerTimeout.
+	PeerTimeout time.Duration
 	// OnRRefDropped is called when an RRef this worker owns is referenced nowhere any more,
 	// so its value can be dropped. It must not block.
 	OnRRefDropped func(wire.RRefID)
@@ -117,8 +122,10 @@ type Agent struct {
 	// (see applyRefOpsFrom); refSeqMu orders the application across its streams.
 	refSeqMu    sync.Mutex
 	refsApplied []atomic.Uint64
-	outstanding atomic.Int64 // calls made and not yet completed
-	started     atomic.Int64 // calls made, ever: the shutdown barrier compares them
+	probing     []atomic.Bool // by worker: forgetIfGone is asking whether it is gone
+	peerTimeout time.Duration // see Config.PeerTimeout
+	outstanding atomic.Int64  // calls made and not yet completed
+	started     atomic.Int64  // calls made, ever: the shutdown barrier compares them
 	state       atomic.Int32
 	ready       chan struct{} // closed once the world is known
 	serveCtx    context.Context
@@ -181,6 +188,10 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.receiveBudget = newReceiveBudget(cmp.Or(cfg.ReceiveBudget, budget, DefaultReceiveBudget(a.maxMessageSize)), a.log)
+	if cfg.PeerTimeout, err = resolvePeerTimeout(cfg.PeerTimeout, os.Getenv); err != nil {
+		return nil, err
+	}
+	a.peerTimeout = cfg.PeerTimeout
 	if a.transport == nil {
 		if a.transport, err = newTransport(cfg, os.Getenv); err != nil {
 			return nil, err
@@ -223,6 +234,7 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 	a.peers = make([]*peer, len(workers))
 	a.served = make([]chan struct{}, len(workers))
 	a.refsApplied = make([]atomic.Uint64, len(workers))
+	a.probing = make([]atomic.Bool, len(workers))
 	for id, w := range workers {
 		a.byName[w.Name] = id
 		a.peers[id] = &peer{agent: a, info: w}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
 
 // closing reports whether shutdown has begun closing the agent.
@@ -117,14 +118,20 @@ func sameCounts(now, before [][]byte) bool {
 const (
 	// goneProbeEvery is how often the store's host looks for gone workers during a barrier.
 	goneProbeEvery = 300 * time.Millisecond
+	// forgetProbeEvery is how often an owner asks again after a worker whose stream ended did
+	// not answer.
+	forgetProbeEvery = 2 * time.Second
 )
 
-// watchForGone marks workers whose agents no longer answer as gone in round, until stopped.
+// watchForGone marks workers that are gone as gone in round, until stopped: those whose host
+// says so, and those that have not answered for the peer timeout (a partitioned worker must
+// not hold the barrier forever).
 func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		tick := time.NewTicker(goneProbeEvery)
 		defer tick.Stop()
+		silentSince := map[int]time.Time{}
 		for {
 			select {
 			case <-done:
@@ -132,8 +139,21 @@ func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop fu
 			case <-tick.C:
 			}
 			for _, w := range a.workers {
-				if w.ID != a.self.ID && !a.answers(w) {
+				if w.ID == a.self.ID {
+					continue
+				}
+				switch err := a.probe(w); {
+				case err == nil:
+					delete(silentSince, w.ID)
+				case errors.Is(err, transport.ErrGone):
 					store.MarkGone(round, w.ID)
+				default:
+					if _, ok := silentSince[w.ID]; !ok {
+						silentSince[w.ID] = time.Now()
+					}
+					if time.Since(silentSince[w.ID]) > a.peerTimeout {
+						store.MarkGone(round, w.ID)
+					}
 				}
 			}
 		}
@@ -141,22 +161,45 @@ func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop fu
 	return func() { close(done) }
 }
 
-// answers reports whether worker's agent accepts a connection.
-func (a *Agent) answers(w WorkerInfo) bool {
+// probe asks whether worker's agent is there: nil if it is, an error wrapping
+// transport.ErrGone if its host says it is gone, another error if there was no telling.
+func (a *Agent) probe(w WorkerInfo) error {
 	ctx, cancel := context.WithTimeout(a.serveCtx, time.Second)
 	defer cancel()
+	if p, ok := a.transport.(transport.Prober); ok {
+		return p.Probe(ctx, w.Addr)
+	}
 	s, err := a.transport.Dial(ctx, w.Addr)
 	if err != nil {
-		return false
+		return err
 	}
-	s.Close()
-	return true
+	return s.Close()
 }
 
-// forgetIfGone drops the RRef forks worker held if its agent no longer answers: a dead
-// worker will never release them.
+// forgetIfGone drops the RRef forks worker held once its host says it is gone: a dead worker
+// will never release them. A worker that does not answer may only be cut off for a while (a
+// link down, a host too loaded to reply): it keeps its forks, and is asked again every
+// forgetProbeEvery until it answers or is gone.
 func (a *Agent) forgetIfGone(w WorkerInfo) {
-	if a.closing() || a.answers(w) {
+	if !a.probing[w.ID].CompareAndSwap(false, true) {
+		return // already asking
+	}
+	defer a.probing[w.ID].Store(false)
+	for !a.closing() {
+		err := a.probe(w)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, transport.ErrGone) {
+			break
+		}
+		select {
+		case <-a.serveCtx.Done():
+			return
+		case <-time.After(forgetProbeEvery):
+		}
+	}
+	if a.closing() {
 		return
 	}
 	dropped := a.refs.releaseHolder(w.ID)

@@ -85,7 +85,11 @@ func newTransport(cfg Config, getenv func(string) string) (transport.Transport, 
 		case TransportSHM:
 			t, err = shmtransport.New(cfg.Token, 0)
 		case TransportGRPC:
-			t, err = grpctransport.New(cfg.Token, cfg.TLS)
+			var g *grpctransport.Transport
+			if g, err = grpctransport.New(cfg.Token, cfg.TLS); err == nil {
+				g.SetPeerTimeout(cfg.PeerTimeout)
+				t = g
+			}
 		}
 		if err != nil {
 			for _, c := range choices {

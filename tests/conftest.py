@@ -146,9 +146,12 @@ def start_world(
     env: Optional[Dict[str, str]] = None,
     args: Optional[List[str]] = None,
     script: Optional[str] = None,
+    launch_prefix: Optional[Dict[int, List[str]]] = None,
 ) -> World:
     """Start one process per rank running ``scenario`` (``module:function`` in tests/worlds),
-    or, if ``script`` is given, running that script as ``__main__``."""
+    or, if ``script`` is given, running that script as ``__main__``. ``launch_prefix`` gives
+    ranks a command that runs theirs (``ip netns exec NS``, which execs it: the PID is still
+    the rank's own)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="tensorplay-world-")
     procs, outs, logs = [], [], []
@@ -167,7 +170,8 @@ def start_world(
         with open(log, "wb") as logf:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, script] if script else [sys.executable, RUNNER, scenario, out] + list(args or []),
+                    (launch_prefix or {}).get(rank, [])
+                    + ([sys.executable, script] if script else [sys.executable, RUNNER, scenario, out] + list(args or [])),
                     cwd=TESTS_DIR,
                     env=proc_env,
                     stdout=logf,

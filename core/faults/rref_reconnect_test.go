@@ -142,3 +142,66 @@ func TestReferenceOperationsSurviveABrokenStream(t *testing.T) {
 		})
 	}
 }
+
+// partitionedTransport cannot reach one address while cut: dials fail and probes get no
+// answer, as when a link is down, though the worker there is alive.
+type partitionedTransport struct {
+	transport.Transport
+	addr string
+	cut  atomic.Bool
+}
+
+var errNoRoute = errors.New("no route to host")
+
+func (t *partitionedTransport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	if t.cut.Load() && addr == t.addr {
+		return nil, errNoRoute
+	}
+	return t.Transport.Dial(ctx, addr)
+}
+
+func (t *partitionedTransport) Probe(ctx context.Context, addr string) error {
+	if t.cut.Load() && addr == t.addr {
+		return errNoRoute
+	}
+	return t.Transport.(transport.Prober).Probe(ctx, addr)
+}
+
+// TestAWorkerCutOffForAWhileKeepsItsForks: when a holder's stream to the owner ends and the
+// holder cannot be reached for a while, the owner keeps the forks it holds (before, one failed
+// probe dropped them, and the holder's to_here would never complete). Once its host says it is
+// gone, they are dropped (TestForksOfAGoneWorkerAreDropped).
+func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
+	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
+	lossy := &lossyTransport{Transport: cfgs[0].Transport}
+	cfgs[0].Transport = lossy
+	partition := &partitionedTransport{Transport: cfgs[1].Transport}
+	cfgs[1].Transport = partition
+	c := coretest.Start(t, cfgs)
+	holder, owner := c.Agents[0], c.Agents[1]
+	partition.addr = holder.Self().Addr
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rref, fork := holder.NewRRefID(), holder.NewRRefID()
+	if err := holder.AddFork(ctx, 1, rref, fork, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	partition.cut.Store(true)
+	lossy.breakAll()
+	time.Sleep(500 * time.Millisecond) // the owner has seen the stream end and asked
+	if n := owner.OwnedRRefs(); n != 1 {
+		t.Fatalf("owner keeps %d RRefs of a holder it cannot reach for now, want 1", n)
+	}
+	partition.cut.Store(false)
+	if err := holder.ReleaseFork(1, rref, fork); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's release after the partition did not reach the owner")
+		}
+	}
+}

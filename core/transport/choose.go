@@ -76,6 +76,30 @@ func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
 	return nil, errors.Join(errs...)
 }
 
+// Probe implements Prober over the transports that reach addr, in order: the first that can
+// tell whether the worker is there or gone says so.
+func (c *Chooser) Probe(ctx context.Context, addr string) error {
+	err := fmt.Errorf("no transport of this worker (%s) can probe %s", c.names(), addr)
+	for _, ch := range c.choices {
+		a, ok := ChoiceAddr(addr, ch.Name)
+		if !ok {
+			continue
+		}
+		if r, ok := ch.Transport.(Reacher); ok && !r.Reaches(a) {
+			continue
+		}
+		p, ok := ch.Transport.(Prober)
+		if !ok {
+			continue
+		}
+		err = p.Probe(ctx, a)
+		if err == nil || errors.Is(err, ErrGone) {
+			return err
+		}
+	}
+	return err
+}
+
 func (c *Chooser) names() string {
 	var names []string
 	for _, ch := range c.choices {

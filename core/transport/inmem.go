@@ -96,6 +96,19 @@ func (t *InmemTransport) Close() error {
 	return nil
 }
 
+// Probe implements Prober: an address nobody listens on is gone.
+func (t *InmemTransport) Probe(ctx context.Context, addr string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	if t.net.listeners[addr] == nil {
+		return fmt.Errorf("probe %s: %w", addr, ErrGone)
+	}
+	return nil
+}
+
 func (t *InmemTransport) track(s *inmemStream) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -69,5 +69,18 @@ type SinkSetter interface {
 	SetChunkSink(wire.ChunkSink)
 }
 
+// Prober is implemented by transports that can tell a worker that is gone from one that
+// cannot be reached for now: a killed process's host refuses connections to its address at
+// once, while a cut link or a frozen host gives no answer at all, and a worker must not lose
+// its RRefs to a blip.
+type Prober interface {
+	// Probe returns nil if an agent listens at addr, an error wrapping ErrGone if addr's host
+	// answered that none does, and another error if there was no telling.
+	Probe(ctx context.Context, addr string) error
+}
+
+// ErrGone is what Probe reports when a worker's host says nothing listens at its address.
+var ErrGone = errors.New("nothing listens there any more")
+
 // ErrClosed is what a stream or transport closed locally reports.
 var ErrClosed = errors.New("closed")

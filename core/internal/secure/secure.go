@@ -5,6 +5,7 @@
 package secure
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"fmt"
@@ -34,6 +35,23 @@ type World struct {
 	token          string
 	server, client credentials.TransportCredentials // nil without TLS
 	refusals       *refusalLog
+	peerTimeout    time.Duration // 0: defaultPeerTimeout
+}
+
+// WithPeerTimeout returns the world with connections whose peer stopped answering ended after
+// about d (0: the default).
+func (sec World) WithPeerTimeout(d time.Duration) World {
+	sec.peerTimeout = d
+	return sec
+}
+
+// keepalive splits the peer timeout into how long a connection may be silent before a ping
+// and how long the ping's answer may take. gRPC-Go's client pings at most every
+// minClientPingEvery whatever it is told.
+func (sec World) keepalive() (every, answerWithin time.Duration) {
+	d := cmp.Or(sec.peerTimeout, defaultPeerTimeout)
+	every = max(minClientPingEvery, d/3)
+	return every, max(time.Second, d-every)
 }
 
 // New guards connections with token, if not empty, and with mutual TLS, if files is set.
@@ -193,6 +211,7 @@ var fastBackoff = grpc.ConnectParams{
 // ServerOptions bounds what a peer can make the server hold before it has shown the
 // token, and checks the token of every stream before gRPC hands it to a handler.
 func (sec World) ServerOptions() []grpc.ServerOption {
+	every, answerWithin := sec.keepalive()
 	opts := []grpc.ServerOption{
 		grpc.InTapHandle(sec.tap),
 		grpc.ForceServerCodecV2(msgpackcodec.Codec{}),
@@ -205,8 +224,9 @@ func (sec World) ServerOptions() []grpc.ServerOption {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.InitialWindowSize(grpcWindow),
 		grpc.InitialConnWindowSize(grpcWindow),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: probeEvery / 2, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: probeEvery, Timeout: probeTimeout}),
+		// Any worker's pings are welcome, whatever its own peer timeout.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPingEvery / 2, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: every, Timeout: answerWithin}),
 	}
 	if sec.server != nil {
 		opts = append(opts, grpc.Creds(sec.server))
@@ -214,13 +234,14 @@ func (sec World) ServerOptions() []grpc.ServerOption {
 	return opts
 }
 
-// A peer lost without a word (a cable, a partition) is noticed within probeEvery+probeTimeout,
-// well inside the default RPC timeout; a killed one is noticed at once by its closed socket.
-// The timeout is long because a loaded host is not a dead one: with a 1 s timeout, a world of
+// A peer lost without a word (a cable, a partition) is noticed within the peer timeout, well
+// inside the default RPC timeout; a killed one is noticed at once by its closed socket. The
+// timeout is long because a loaded host is not a dead one: with a 1 s ping timeout, a world of
 // 256 workers on 2 cores (or -race tests in parallel) lost live peers to late ping replies.
+// (core.DefaultPeerTimeout is the same; this package cannot import core.)
 const (
-	probeEvery   = 5 * time.Second
-	probeTimeout = 20 * time.Second
+	defaultPeerTimeout = 30 * time.Second
+	minClientPingEvery = 10 * time.Second
 )
 
 // DialOptions connects to a world's servers with its token and TLS files.
@@ -229,10 +250,11 @@ func (sec World) DialOptions() []grpc.DialOption {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
+	every, answerWithin := sec.keepalive()
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(fastBackoff),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: probeEvery, Timeout: probeTimeout, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: every, Timeout: answerWithin, PermitWithoutStream: true}),
 		grpc.WithInitialWindowSize(grpcWindow),
 		grpc.WithInitialConnWindowSize(grpcWindow),
 		grpc.WithDefaultCallOptions(

@@ -6,9 +6,12 @@ package grpctransport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
@@ -51,6 +54,12 @@ func New(token string, tlsFiles *secure.TLSFiles) (*Transport, error) {
 		return nil, err
 	}
 	return &Transport{sec: sec, streams: map[*grpcClientStream]struct{}{}}, nil
+}
+
+// SetPeerTimeout bounds how long a connection whose peer stopped answering lives (see
+// core.Config.PeerTimeout); call it before Listen and Dial. 0 keeps the default.
+func (t *Transport) SetPeerTimeout(d time.Duration) {
+	t.sec = t.sec.WithPeerTimeout(d)
 }
 
 // Listen serves agent streams on host at a port the OS picks.
@@ -119,6 +128,26 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	}
 	t.streams[s] = struct{}{}
 	return s, nil
+}
+
+// Probe implements transport.Prober: a host that refuses a TCP connection to a worker's port
+// has no listener there, so the worker's process is gone; no answer says nothing.
+func (t *Transport) Probe(ctx context.Context, addr string) error {
+	var c net.Conn
+	var err error
+	if t.localIP != nil {
+		c, err = t.dialFromLocalIP(ctx, addr)
+	} else {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("probe %s: %w", addr, transport.ErrGone)
+	}
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", addr, err)
+	}
+	return c.Close()
 }
 
 // dialFromLocalIP connects to addr from the address this transport listens on, unless that

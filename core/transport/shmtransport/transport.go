@@ -16,12 +16,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
@@ -168,6 +170,24 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 		return nil, transport.ErrClosed
 	}
 	return s, nil
+}
+
+// Probe implements transport.Prober: on this host, an abstract socket that refuses a
+// connection has no listener, so its worker's process is gone.
+func (t *Transport) Probe(ctx context.Context, addr string) error {
+	key, name, ok := splitAddr(addr)
+	if !ok || key != t.hostKey {
+		return fmt.Errorf("%s is not a shared-memory address on this host", addr)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", "@"+name)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("probe %s: %w", addr, transport.ErrGone)
+	}
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", addr, err)
+	}
+	return c.Close()
 }
 
 // track registers s, so Close can end it; false (and s closed) if the transport is closed.

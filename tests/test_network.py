@@ -1,0 +1,78 @@
+"""Workers on two "hosts": network namespaces joined by a veth pair (tests run as root), so a
+test can cut the link between them as a network would, and restore it."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import start_world
+
+# A short peer timeout, so the cut is noticed in seconds; the README documents the default.
+PEER_TIMEOUT_S = 12
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def two_hosts():
+    """Namespaces A (10.77.0.1) and B (10.77.0.2) on one veth pair; removed afterwards."""
+    tag = f"tp{os.getpid() % 100000}"
+    a, b, va, vb = f"{tag}a", f"{tag}b", f"{tag}va", f"{tag}vb"
+    try:
+        _ip("netns", "add", a)
+        _ip("netns", "add", b)
+        _ip("link", "add", va, "type", "veth", "peer", "name", vb)
+        _ip("link", "set", va, "netns", a)
+        _ip("link", "set", vb, "netns", b)
+        _ip("-n", a, "addr", "add", "10.77.0.1/24", "dev", va)
+        _ip("-n", b, "addr", "add", "10.77.0.2/24", "dev", vb)
+        for ns, dev in ((a, va), (b, vb)):
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", dev, "up")
+        yield {"a": a, "b": b, "link_b": vb}
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_cut_link_fails_calls_within_the_bound_and_heals(two_hosts, tmp_path, world):
+    ready, cut, healed = (str(tmp_path / n) for n in ("ready", "cut", "healed"))
+    ns_a, ns_b = two_hosts["a"], two_hosts["b"]
+    w = world(
+        "network:link_cut", 3, args=[ready, cut, healed],
+        env={"MASTER_ADDR": "10.77.0.1", "TENSORPLAY_RPC_PEER_TIMEOUT": str(PEER_TIMEOUT_S), "TENSORPLAY_RPC_TRANSPORTS": ""},
+        launch_prefix={0: ["ip", "netns", "exec", ns_a], 1: ["ip", "netns", "exec", ns_b], 2: ["ip", "netns", "exec", ns_a]},
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in w.procs), "a worker ended before the cut"
+        time.sleep(0.05)
+    assert os.path.exists(ready), "the world never got going"
+    _ip("-n", ns_b, "link", "set", two_hosts["link_b"], "down")
+    cut_at = time.monotonic()
+    open(cut, "w").close()
+    deadline = cut_at + PEER_TIMEOUT_S + 30
+    while not os.path.exists(cut + ".seen") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # Down for longer than the peer timeout: both sides see their streams end during the cut,
+    # and worker1 must not take worker0 for gone (it would drop the RRef worker0 holds).
+    time.sleep(max(0.0, cut_at + PEER_TIMEOUT_S + 4 - time.monotonic()))
+    _ip("-n", ns_b, "link", "set", two_hosts["link_b"], "up")
+    open(healed, "w").close()
+    results = w.finish(timeout=120)
+    for r in results:
+        assert r.returncode == 0, r.output
+    out = results[0].value
+    assert out["before"] == 42
+    assert out["survivor"] == 4, "a worker on this side of the cut stopped answering"
+    assert out["cut_call"] is not None and '"worker1"' in out["cut_call"], out
+    assert out["cut_call_failed_after"] < PEER_TIMEOUT_S + 4, out
+    assert out["after_heal"] == 7
+    # RRefs owned across the cut were neither freed early (both still resolve) nor leaked.
+    assert out["theirs_after"] == 42 and out["held_after"] == 2, out
+    assert out["owned_here"] == (0, 0) and out["owned_there"] == (0, 0), out

@@ -1,0 +1,103 @@
+"""A world spread over two network namespaces joined by a veth pair, whose link the test cuts
+and restores."""
+
+import gc
+import os
+import time
+
+import tensorplay_rpc as rpc
+from tensorplay_rpc import _agent
+
+from .common import add, init, set_done, wait_done
+
+_held = None
+
+
+def hold(rref):
+    """Runs on worker1: keep an RRef worker0 owns across the cut."""
+    global _held
+    _held = rref
+    return True
+
+
+def held_value():
+    return _held.to_here(timeout=10)
+
+
+def drop_held():
+    global _held
+    _held = None
+    gc.collect()
+    return True
+
+
+def owned_count():
+    gc.collect()
+    return _agent.require_agent().owned_rref_count()
+
+
+def _wait_for(path, seconds):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.02)
+
+
+def _settled(fn, want, seconds=10):
+    """fn() once it returns want (reference counts settle a few ms after the calls that
+    change them), or its last value after the bound."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = fn()
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def link_cut(rank, world_size, ready_file, cut_file, healed_file):
+    """worker0 and worker2 share a namespace; worker1 is across the link."""
+    init(rank, world_size, rpc_timeout=120)
+    out = {}
+    if rank == 0:
+        theirs = rpc.remote("worker1", add, args=(40, 2))  # owned across the link
+        mine = rpc.remote("worker0", add, args=(1, 1))
+        rpc.rpc_sync("worker1", hold, args=(mine,))
+        out["before"] = theirs.to_here()
+        with open(ready_file, "w") as f:
+            f.write("ready")
+        _wait_for(cut_file, 30)
+        start = time.monotonic()
+        fut = rpc.rpc_async("worker1", add, args=(1, 2))
+        out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
+        try:
+            fut.wait()
+            out["cut_call"] = None
+        except RuntimeError as err:
+            out["cut_call"] = str(err)
+        out["cut_call_failed_after"] = time.monotonic() - start
+        with open(cut_file + ".seen", "w") as f:
+            f.write("seen")
+        _wait_for(healed_file, 60)
+        deadline = time.monotonic() + 20
+        while True:  # the first calls may still find the link coming back up
+            try:
+                out["after_heal"] = rpc.rpc_sync("worker1", add, args=(3, 4), timeout=5)
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        out["theirs_after"] = theirs.to_here(timeout=10)
+        out["held_after"] = rpc.rpc_sync("worker1", held_value)
+        rpc.rpc_sync("worker1", drop_held)
+        del theirs, mine
+        gc.collect()
+        out["owned_here"] = _settled(lambda: owned_count(), (0, 0))
+        out["owned_there"] = _settled(lambda: rpc.rpc_sync("worker1", owned_count), (0, 0))
+        for w in ("worker1", "worker2"):
+            rpc.rpc_sync(w, set_done)
+    else:
+        wait_done(180)
+    rpc.shutdown()
+    return out

@@ -167,8 +167,13 @@ func (a *Agent) probe(w WorkerInfo) error {
 	ctx, cancel := context.WithTimeout(a.serveCtx, time.Second)
 	defer cancel()
 	if p, ok := a.transport.(transport.Prober); ok {
-		return p.Probe(ctx, w.Addr)
+		if err := p.Probe(ctx, w.Addr); err != nil {
+			return err
+		}
 	}
+	// Its host takes connections; the agent itself must open a stream too: a killed
+	// process's listening socket can outlive its streams for a moment, and its host then
+	// accepts a connection no one will serve.
 	s, err := a.transport.Dial(ctx, w.Addr)
 	if err != nil {
 		return err

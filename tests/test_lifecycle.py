@@ -118,6 +118,12 @@ def test_graceful_shutdown_waits_for_calls_in_flight():
         assert r.value["second_shutdown"][0] is RuntimeError
 
 
+def test_graceful_shutdown_honours_its_timeout():
+    out = run_world("faults:shutdown_timeout", 2)[0].value
+    assert 1.4 < out["took"] < 3.5, out
+    assert out["error"] is not None and "timed out" in out["error"] and "ranks [1]" in out["error"], out
+
+
 def test_non_graceful_shutdown_returns_at_once():
     took, (exc_type, msg) = run_world("basic:non_graceful", 2)[0].value
     assert took < 2

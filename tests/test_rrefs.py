@@ -86,6 +86,9 @@ def test_futures_and_all_gather():
         if r.rank in (0, 2):
             assert v["subset"] == {"worker0": 0, "worker2": 2}
         assert v["states"] == "Event"
+        if r.rank < 2:
+            assert v["gather_timeout"][0] is RuntimeError and "timed out after 1.0s" in v["gather_timeout"][1], v["gather_timeout"]
+            assert 0.9 < v["gather_timeout_took"] < 2.5, v["gather_timeout_took"]
 
 
 def test_graceful_shutdown_with_rrefs_held():

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,6 +203,60 @@ func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the holder's release after the partition did not reach the owner")
+		}
+	}
+}
+
+// dyingTransport plays a holder killed a moment ago, seen from its owner: its listening socket
+// outlives its streams, so the first probe finds its host taking connections, but no stream
+// opens; after that its host refuses.
+type dyingTransport struct {
+	transport.Transport
+	addr   string
+	dead   atomic.Bool
+	probes atomic.Int32
+}
+
+func (t *dyingTransport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	if t.dead.Load() && addr == t.addr {
+		return nil, errors.New("EOF during the handshake")
+	}
+	return t.Transport.Dial(ctx, addr)
+}
+
+func (t *dyingTransport) Probe(ctx context.Context, addr string) error {
+	if t.dead.Load() && addr == t.addr && t.probes.Add(1) > 1 {
+		return fmt.Errorf("probe %s: %w", addr, transport.ErrGone)
+	}
+	return t.Transport.(transport.Prober).Probe(ctx, addr)
+}
+
+// TestForksOfAWorkerWhoseListenerLingersAreDropped: a killed holder whose host still takes a
+// connection for a moment is not taken for alive: no stream opens, the owner asks again, and
+// drops its forks once the host refuses (before, a probe that only connected kept them forever;
+// the soak with a killed worker left an RRef behind).
+func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
+	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
+	lossy := &lossyTransport{Transport: cfgs[0].Transport}
+	cfgs[0].Transport = lossy
+	dying := &dyingTransport{Transport: cfgs[1].Transport}
+	cfgs[1].Transport = dying
+	c := coretest.Start(t, cfgs)
+	holder, owner := c.Agents[0], c.Agents[1]
+	dying.addr = holder.Self().Addr
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := holder.AddFork(ctx, 1, holder.NewRRefID(), holder.NewRRefID(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	dying.dead.Store(true)
+	lossy.breakAll()
+	for deadline := time.Now().Add(8 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner kept the forks of a holder whose host refuses it")
 		}
 	}
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 from urllib.parse import parse_qs, urlparse
 
@@ -262,6 +263,8 @@ def _all_gather(obj: Any, worker_names: Optional[Set[str]] = None, timeout: floa
     leader = min(names)
     if timeout == constants.UNSET_RPC_TIMEOUT:
         timeout = agent.rpc_timeout
+    # One deadline for the whole round, not one per step.
+    deadline = time.monotonic() + timeout if timeout > 0 else None
     with _all_gather_lock:
         key = ",".join(sorted(names))
         round_id = f"{key}#{_all_gather_rounds.get(key, 0)}"
@@ -272,13 +275,13 @@ def _all_gather(obj: Any, worker_names: Optional[Set[str]] = None, timeout: floa
         rpc_sync(leader, _gather_to_leader, args=(round_id, me, obj, names), timeout=timeout)
     with _all_gather_lock:
         states = _states(round_id)
-    if not states.proceed_signal.wait(timeout if timeout > 0 else None):
+    if not states.proceed_signal.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
         with _all_gather_lock:
             _all_gather_states.pop(round_id, None)
         raise RuntimeError(f"all-gather round {round_id} timed out after {timeout}s on worker {me}")
     if me == leader:
         futures = [
-            rpc_async(name, _broadcast_to_followers, args=(round_id, states.gathered_objects), timeout=timeout)
+            rpc_async(name, _broadcast_to_followers, args=(round_id, states.gathered_objects), timeout=0 if deadline is None else max(0.001, deadline - time.monotonic()))
             for name in sorted(names - {leader})
         ]
         errors = []

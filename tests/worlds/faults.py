@@ -138,6 +138,25 @@ def peer_frozen(rank, world_size, ready_file, frozen_file):
     return out
 
 
+def shutdown_timeout(rank, world_size):
+    """worker1 does not shut down for a while: worker0's graceful shutdown gives up at its
+    timeout, saying why."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            rpc.shutdown(timeout=1.5)
+            out["error"] = None
+        except RuntimeError as err:
+            out["error"] = str(err)
+        out["took"] = time.monotonic() - start
+    else:
+        time.sleep(5)
+        rpc.shutdown(graceful=False)
+    return out
+
+
 def missing_master_addr(rank, world_size):
     del os.environ["MASTER_ADDR"]
     try:

@@ -252,6 +252,14 @@ def futures_and_gather(rank, world_size):
     if f"worker{rank}" in evens:
         out["subset"] = rpc_api._all_gather(rank, worker_names=evens)
     rpc_api._barrier({f"worker{i}" for i in range(world_size)})
+    # A worker that never comes: the wait of a leader (worker0, for worker2) and of a follower
+    # (worker1, for worker0) ends at its timeout, with an error.
+    partner = {0: "worker2", 1: "worker0"}.get(rank)
+    if partner:
+        start = time.monotonic()
+        out["gather_timeout"] = error_of(lambda: rpc_api._all_gather(rank, worker_names={f"worker{rank}", partner}, timeout=1.0))
+        out["gather_timeout_took"] = time.monotonic() - start
+    rpc_api._barrier({f"worker{i}" for i in range(world_size)})
     out["states"] = type(rpc.AllGatherStates().proceed_signal).__name__
     rpc.shutdown()
     return out

@@ -144,6 +144,29 @@ func TestReferenceOperationsSurviveABrokenStream(t *testing.T) {
 	}
 }
 
+// heldFork starts a holder (w0, whose dialed streams can be made lossy) and an owner (w1, its
+// transport wrapped by wrapOwner), and registers a fork of an RRef w1 owns, held by w0; it
+// returns once w1 has it.
+func heldFork(t *testing.T, wrapOwner func(transport.Transport) transport.Transport) (holder, owner *core.Agent, lossy *lossyTransport, rref, fork wire.RRefID) {
+	t.Helper()
+	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
+	lossy = &lossyTransport{Transport: cfgs[0].Transport}
+	cfgs[0].Transport = lossy
+	cfgs[1].Transport = wrapOwner(cfgs[1].Transport)
+	c := coretest.Start(t, cfgs)
+	holder, owner = c.Agents[0], c.Agents[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rref, fork = holder.NewRRefID(), holder.NewRRefID()
+	if err := holder.AddFork(ctx, 1, rref, fork, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
+		t.Fatal(err) // the fork is registered once this call, which carried it, is answered
+	}
+	return holder, owner, lossy, rref, fork
+}
+
 // partitionedTransport cannot reach one address while cut: dials fail and probes get no
 // answer, as when a link is down, though the worker there is alive.
 type partitionedTransport struct {
@@ -173,23 +196,12 @@ func (t *partitionedTransport) Probe(ctx context.Context, addr string) error {
 // probe dropped them, and the holder's to_here would never complete). Once its host says it is
 // gone, they are dropped (TestForksOfAGoneWorkerAreDropped).
 func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
-	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
-	lossy := &lossyTransport{Transport: cfgs[0].Transport}
-	cfgs[0].Transport = lossy
-	partition := &partitionedTransport{Transport: cfgs[1].Transport}
-	cfgs[1].Transport = partition
-	c := coretest.Start(t, cfgs)
-	holder, owner := c.Agents[0], c.Agents[1]
+	partition := &partitionedTransport{}
+	holder, owner, lossy, rref, fork := heldFork(t, func(tr transport.Transport) transport.Transport {
+		partition.Transport = tr
+		return partition
+	})
 	partition.addr = holder.Self().Addr
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rref, fork := holder.NewRRefID(), holder.NewRRefID()
-	if err := holder.AddFork(ctx, 1, rref, fork, 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
-		t.Fatal(err)
-	}
 	partition.cut.Store(true)
 	lossy.breakAll()
 	time.Sleep(500 * time.Millisecond) // the owner has seen the stream end and asked
@@ -236,22 +248,12 @@ func (t *dyingTransport) Probe(ctx context.Context, addr string) error {
 // drops its forks once the host refuses (before, a probe that only connected kept them forever;
 // the soak with a killed worker left an RRef behind).
 func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
-	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
-	lossy := &lossyTransport{Transport: cfgs[0].Transport}
-	cfgs[0].Transport = lossy
-	dying := &dyingTransport{Transport: cfgs[1].Transport}
-	cfgs[1].Transport = dying
-	c := coretest.Start(t, cfgs)
-	holder, owner := c.Agents[0], c.Agents[1]
+	dying := &dyingTransport{}
+	holder, owner, lossy, _, _ := heldFork(t, func(tr transport.Transport) transport.Transport {
+		dying.Transport = tr
+		return dying
+	})
 	dying.addr = holder.Self().Addr
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := holder.AddFork(ctx, 1, holder.NewRRefID(), holder.NewRRefID(), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
-		t.Fatal(err)
-	}
 	dying.dead.Store(true)
 	lossy.breakAll()
 	for deadline := time.Now().Add(8 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(20 * time.Millisecond) {

@@ -63,17 +63,11 @@ func (p *cuttingProxy) cut() {
 func TestJoinSurvivesABrokenConnection(t *testing.T) {
 	ctx := storeTestContext(t)
 	mem := NewMemStore(2)
-	srv, err := ServeStore("127.0.0.1:0", mem, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	proxy := newCuttingProxy(t, srv.Addr())
-	remote, err := DialStore(proxy.l.Addr().String(), "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer remote.Close()
+	var proxy *cuttingProxy
+	remote := servedStore(t, mem, func(addr string) string {
+		proxy = newCuttingProxy(t, addr)
+		return proxy.l.Addr().String()
+	})
 	join := func(rank int) GatherRequest {
 		return GatherRequest{Round: JoinRound, Rank: rank, Size: 2, Who: fmt.Sprintf(`"w%d"`, rank), Value: []byte{byte(rank)}, WaitMs: 10_000}
 	}

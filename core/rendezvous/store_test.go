@@ -39,6 +39,23 @@ func storeTestContext(t *testing.T) context.Context {
 	return ctx
 }
 
+// servedStore serves mem on loopback until the test ends and returns a client of it that dials
+// the address via gives (the server's own, or a proxy's in front of it).
+func servedStore(t *testing.T, mem *MemStore, via func(addr string) string) *RemoteStore {
+	t.Helper()
+	srv, err := ServeStore("127.0.0.1:0", mem, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	remote, err := DialStore(via(srv.Addr()), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { remote.Close() })
+	return remote
+}
+
 // gatherWorld joins every rank of a world of size to round through store, concurrently,
 // and returns what each got.
 func gatherWorld(ctx context.Context, store Store, round string, size int) ([][][]byte, []error) {
@@ -287,16 +304,7 @@ func TestMemStoreMemoryIsBounded(t *testing.T) {
 func TestStoreServerSurvivesHostileGather(t *testing.T) {
 	ctx := storeTestContext(t)
 	mem := NewMemStore(2)
-	srv, err := ServeStore("127.0.0.1:0", mem, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	remote, err := DialStore(srv.Addr(), "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer remote.Close()
+	remote := servedStore(t, mem, func(addr string) string { return addr })
 	tests := []struct {
 		name string
 		req  GatherRequest
@@ -320,7 +328,7 @@ func TestStoreServerSurvivesHostileGather(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	claim := msgpack.RawMessage("\x81\xa5value\xc6\x7f\xff\xff\xff")
-	err = remote.cc.Invoke(ctx, storeGatherPath, &claim, &gatherReply{})
+	err := remote.cc.Invoke(ctx, storeGatherPath, &claim, &gatherReply{})
 	runtime.ReadMemStats(&after)
 	if err == nil || !strings.Contains(err.Error(), "claims 2147483647 bytes") {
 		t.Fatalf("a request claiming a 2 GiB value: err = %v, want the claim refused", err)

@@ -49,10 +49,10 @@ func (c *Chooser) Listen(host string, serve func(Stream)) (string, error) {
 	return strings.Join(addrs, addrSep), nil
 }
 
-// Dial opens a stream to the agent at addr over the first transport that reaches it. If that
-// fails, the next is tried: a peer that refuses shared memory may still take gRPC.
-func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
-	var errs []error
+// reaching lists, in order of preference, the transports that reach addr, each with its part
+// of addr.
+func (c *Chooser) reaching(addr string) []reachingChoice {
+	var out []reachingChoice
 	for _, ch := range c.choices {
 		a, ok := ChoiceAddr(addr, ch.Name)
 		if !ok {
@@ -61,7 +61,22 @@ func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
 		if r, ok := ch.Transport.(Reacher); ok && !r.Reaches(a) {
 			continue
 		}
-		s, err := ch.Transport.Dial(ctx, a)
+		out = append(out, reachingChoice{Choice: ch, addr: a})
+	}
+	return out
+}
+
+type reachingChoice struct {
+	Choice
+	addr string
+}
+
+// Dial opens a stream to the agent at addr over the first transport that reaches it. If that
+// fails, the next is tried: a peer that refuses shared memory may still take gRPC.
+func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
+	var errs []error
+	for _, ch := range c.reaching(addr) {
+		s, err := ch.Transport.Dial(ctx, ch.addr)
 		if err == nil {
 			return s, nil
 		}
@@ -80,19 +95,12 @@ func (c *Chooser) Dial(ctx context.Context, addr string) (Stream, error) {
 // tell whether the worker is there or gone says so.
 func (c *Chooser) Probe(ctx context.Context, addr string) error {
 	err := fmt.Errorf("no transport of this worker (%s) can probe %s", c.names(), addr)
-	for _, ch := range c.choices {
-		a, ok := ChoiceAddr(addr, ch.Name)
-		if !ok {
-			continue
-		}
-		if r, ok := ch.Transport.(Reacher); ok && !r.Reaches(a) {
-			continue
-		}
+	for _, ch := range c.reaching(addr) {
 		p, ok := ch.Transport.(Prober)
 		if !ok {
 			continue
 		}
-		err = p.Probe(ctx, a)
+		err = p.Probe(ctx, ch.addr)
 		if err == nil || errors.Is(err, ErrGone) {
 			return err
 		}

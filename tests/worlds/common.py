@@ -1,6 +1,7 @@
 """Functions the test worlds call on each other. They live in an importable module, so they
 travel by reference."""
 
+import os
 import threading
 import time
 
@@ -99,6 +100,15 @@ def error_of(fn):
     except BaseException as exc:  # noqa: B902 - the tests inspect whatever was raised
         return type(exc), str(exc)
     return None, None
+
+
+def wait_for_file(path, seconds):
+    """Block until the test creates path (bounded)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.02)
 
 
 def wait_until(cond, timeout=20):

@@ -6,7 +6,7 @@ import time
 
 import tensorplay_rpc as rpc
 
-from .common import Sleeper, add, init, options, set_done, shm_mappings, slow, wait_done
+from .common import Sleeper, add, init, options, set_done, shm_mappings, slow, wait_done, wait_for_file
 
 
 def try_init(rank, world_size, name=None, rank_override=None, rpc_timeout="3"):
@@ -104,14 +104,6 @@ def peer_dies(rank, world_size, ready_file):
     return out
 
 
-def _wait_for(path, seconds):
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.02)
-
-
 def peer_frozen(rank, world_size, ready_file, frozen_file):
     """worker1 is frozen by the test (SIGSTOP, then SIGCONT some seconds later): a loaded or
     paused host is not a dead one. Calls to it wait and complete once it runs again, the RRef
@@ -124,7 +116,7 @@ def peer_frozen(rank, world_size, ready_file, frozen_file):
         rpc.rpc_sync("worker2", add, args=(1, 1))
         with open(ready_file, "w") as f:
             f.write("ready")
-        _wait_for(frozen_file, 30)
+        wait_for_file(frozen_file, 30)
         start = time.monotonic()
         fut = rpc.rpc_async("worker1", add, args=(2, 3), timeout=60)
         out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))

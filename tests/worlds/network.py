@@ -2,13 +2,12 @@
 and restores."""
 
 import gc
-import os
 import time
 
 import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 
-from .common import add, init, set_done, wait_done
+from .common import add, init, set_done, wait_done, wait_for_file
 
 _held = None
 
@@ -36,14 +35,6 @@ def owned_count():
     return _agent.require_agent().owned_rref_count()
 
 
-def _wait_for(path, seconds):
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.02)
-
-
 def _settled(fn, want, seconds=10):
     """fn() once it returns want (reference counts settle a few ms after the calls that
     change them), or its last value after the bound."""
@@ -66,7 +57,7 @@ def link_cut(rank, world_size, ready_file, cut_file, healed_file):
         out["before"] = theirs.to_here()
         with open(ready_file, "w") as f:
             f.write("ready")
-        _wait_for(cut_file, 30)
+        wait_for_file(cut_file, 30)
         start = time.monotonic()
         fut = rpc.rpc_async("worker1", add, args=(1, 2))
         out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
@@ -78,7 +69,7 @@ def link_cut(rank, world_size, ready_file, cut_file, healed_file):
         out["cut_call_failed_after"] = time.monotonic() - start
         with open(cut_file + ".seen", "w") as f:
             f.write("seen")
-        _wait_for(healed_file, 60)
+        wait_for_file(healed_file, 60)
         deadline = time.monotonic() + 20
         while True:  # the first calls may still find the link coming back up
             try:

@@ -64,8 +64,9 @@ func (t *refTable) apply(op wire.RefOp) (dropped bool) {
 	return false
 }
 
-// releaseHolder drops every fork held by worker, as when it is gone, and returns the RRefs
-// that are now referenced nowhere.
+// releaseHolder drops every fork held by worker, as when it is gone, and the tombstones
+// waiting for a registration only worker could send (a fork's creator registers it), and
+// returns the RRefs that are now referenced nowhere.
 func (t *refTable) releaseHolder(worker int) []wire.RRefID {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -74,6 +75,11 @@ func (t *refTable) releaseHolder(worker int) []wire.RRefID {
 		for fork, holder := range e.forks {
 			if holder == worker {
 				delete(e.forks, fork)
+			}
+		}
+		for fork := range e.tombstones {
+			if fork.Creator == worker {
+				delete(e.tombstones, fork)
 			}
 		}
 		if len(e.forks) == 0 && len(e.tombstones) == 0 {

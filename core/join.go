@@ -40,7 +40,8 @@ func join(ctx context.Context, store rendezvous.Store, self WorkerInfo, worldSiz
 			return nil, fmt.Errorf("%w: rank %d: %w", ErrRendezvous, rank, err)
 		}
 		if other, dup := byName[w.Name]; dup {
-			return nil, fmt.Errorf("%w: duplicate worker name %q (ranks %d and %d)", ErrRendezvous, w.Name, other, rank)
+			// torch's words: scripts match on them.
+			return nil, fmt.Errorf("%w: RPC worker name %s is not unique. Workers %d and %d share the same name.", ErrRendezvous, w.Name, other, rank)
 		}
 		byName[w.Name] = rank
 	}

@@ -19,7 +19,7 @@ func TestRendezvousErrors(t *testing.T) {
 		mutate func(cfgs []core.Config) []core.Config
 		want   string
 	}{
-		{name: "duplicate names", n: 3, mutate: func(c []core.Config) []core.Config { c[2].Name = "w0"; return c }, want: `duplicate worker name "w0" (ranks 0 and 2)`},
+		{name: "duplicate names", n: 3, mutate: func(c []core.Config) []core.Config { c[2].Name = "w0"; return c }, want: "RPC worker name w0 is not unique. Workers 0 and 2 share the same name."},
 		{name: "duplicate ranks", n: 3, mutate: func(c []core.Config) []core.Config { c[2].Rank = 1; return append(c, c[0]) }, want: "rank 1 was taken by both"},
 		{name: "worker never comes", n: 3, mutate: func(c []core.Config) []core.Config { return c[:2] }, want: "ranks [2] of world size 3 never joined"},
 		{name: "rank out of range", n: 2, mutate: func(c []core.Config) []core.Config { c[1].Rank = 5; return c }, want: "rank 5 is out of range for world_size 2"},

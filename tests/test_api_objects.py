@@ -73,6 +73,28 @@ def test_worker_info_value_semantics():
     assert (a.name, a.id) == ("w", 1)
 
 
+@pytest.mark.parametrize(
+    "name, id",
+    [("ok_name:1-2", 0), ("a" * 127, 3), ("bad name!", 0), ("", 0), ("a" * 128, 0), ("wörker", 0), ("x", True), ("x", 1.7), ("x", "1")],
+)
+def test_worker_info_validates_as_torch_does(name, id):
+    """The same names and ids are refused, with the same exception type, as torch's own
+    WorkerInfo (and a name's refusal in torch's words)."""
+    import torch.distributed.rpc as torch_rpc
+
+    def outcome(cls):
+        try:
+            info = cls(name, id)
+        except Exception as exc:  # compared below, type and all
+            return type(exc), str(exc)
+        return None, (info.name, info.id)
+
+    ours, theirs = outcome(rpc.WorkerInfo), outcome(torch_rpc.WorkerInfo)
+    assert ours[0] is theirs[0], (ours, theirs)
+    if theirs[0] is None or theirs[0] is RuntimeError:
+        assert ours[1] == theirs[1], (ours, theirs)
+
+
 def test_options_defaults_match_torch():
     opts = rpc.TensorPipeRpcBackendOptions()
     assert opts.num_worker_threads == 16

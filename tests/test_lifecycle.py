@@ -62,7 +62,7 @@ def _errors(results):
 
 def test_duplicate_names_fail_everyone():
     for err in _errors(run_world("faults:duplicate_name", 2, timeout=30)):
-        assert err is not None and 'duplicate worker name "same"' in err[1]
+        assert err is not None and "RPC worker name same is not unique. Workers 0 and 1 share the same name." in err[1]
 
 
 def test_duplicate_rank_fails():

@@ -143,20 +143,21 @@ def is_available() -> bool:
 def _destination(agent: PythonAgent, to: Destination) -> WorkerInfo:
     me = agent.info
     if isinstance(to, WorkerInfo):
+        # By name, as torch routes a WorkerInfo (its id is not checked).
         found = agent.worker(to.name)
-        if found is None or found.id != to.id:
-            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination {to}")
+        if found is None:
+            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination url for name {to.name}")
         return found
     if isinstance(to, str):
         found = agent.worker(to)
         if found is None:
             raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination name {to}")
         return found
-    if isinstance(to, int) and not isinstance(to, bool):
+    if isinstance(to, int):  # a bool too, as in torch
         if not 0 <= to < len(agent.workers):
-            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination id {to}")
+            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination id {int(to)}")
         return agent.workers[to]
-    raise TypeError(f"to must be a worker name, id or WorkerInfo, got {type(to).__name__}")
+    raise ValueError(f"Cannot get WorkerInfo from name {to}")
 
 
 def rpc_async(

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+_NAME = re.compile(r"[A-Za-z0-9_:-]*")
+_MAX_NAME_LENGTH = 128
+
 
 class WorkerInfo:
     """A worker of the RPC world: its unique ``name`` and its ``id`` (its rank)."""
@@ -9,8 +14,15 @@ class WorkerInfo:
     __slots__ = ("_name", "_id")
 
     def __init__(self, name: str, id: int) -> None:
+        # The same rules, and words, as torch's WorkerInfo: scripts match on them.
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or not 0 < len(name) < _MAX_NAME_LENGTH:
+            raise RuntimeError(
+                f"Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty and shorter than {_MAX_NAME_LENGTH} chars, but got {name}"
+            )
+        if not isinstance(id, int):
+            raise TypeError(f"WorkerInfo(): id must be an int, got {type(id).__name__}")
         self._name = name
-        self._id = id
+        self._id = int(id)
 
     @property
     def name(self) -> str:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -44,7 +45,8 @@ type reassembler struct {
 	active atomic.Int64
 	holds  atomic.Int32
 	// mu guards the memory of messages (buf, writing, evicted) against the budget's eviction,
-	// which runs on another stream's goroutine.
+	// which runs on another stream's goroutine, and the messages map's changes against a
+	// stream's decoder (dest).
 	mu sync.Mutex
 }
 
@@ -178,7 +180,9 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 		m.res = res
 	}
 	m.refused = refused != nil
+	r.mu.Lock()
 	r.messages[f.ID] = m
+	r.mu.Unlock()
 	r.inProgress += total
 	if total == 0 {
 		fr, msg = r.complete(f.ID, m)
@@ -225,12 +229,14 @@ func (r *reassembler) claim(id uint64, m *inMessage) error {
 // set means the chunk's bytes are to be dropped, and ok unset that no message being received
 // has such a place. transport.Stream decoders put chunks there directly.
 func (r *reassembler) dest(id uint64, offset int64, n int) (dst []byte, ok bool) {
+	// Under r.mu: a stream may decode on a goroutine of its own (gRPC's lanes), which can
+	// still be at it when the stream's owner closes the reassembler.
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	m, err := r.place(id, offset, n)
 	if err != nil {
 		return nil, false
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.claim(id, m) != nil {
 		return nil, false
 	}
@@ -282,7 +288,9 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 // complete ends the reassembly of m: its budget goes back (the message now belongs to whoever
 // handles it) and its segments are cut from its buffer. A refused message yields nothing.
 func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
+	r.mu.Lock()
 	delete(r.messages, id)
+	r.mu.Unlock()
 	r.inProgress -= m.total
 	r.budget.free(m.res)
 	if m.refused {
@@ -320,23 +328,28 @@ func releaseOnce(buf []byte) func() {
 	}
 }
 
-// drop forgets an incomplete message and returns its memory.
+// drop forgets an incomplete message and returns its memory, unless a decoder is writing a
+// chunk into it (then the garbage collector takes it).
 func (r *reassembler) drop(id uint64, m *inMessage) {
-	delete(r.messages, id)
 	r.inProgress -= m.total
 	r.budget.free(m.res)
 	r.mu.Lock()
+	delete(r.messages, id)
 	buf := m.buf
 	m.buf = nil
+	writing := m.writing
 	r.mu.Unlock()
-	if buf != nil {
+	if buf != nil && !writing {
 		pool.Put(buf)
 	}
 }
 
 // close drops incomplete messages.
 func (r *reassembler) close() {
-	for id, m := range r.messages {
+	r.mu.Lock()
+	messages := maps.Clone(r.messages)
+	r.mu.Unlock()
+	for id, m := range messages {
 		r.drop(id, m)
 	}
 }

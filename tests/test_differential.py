@@ -24,7 +24,7 @@ def outcomes(scenario: str, backend: str) -> list:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("scenario", ["destinations"])
+@pytest.mark.parametrize("scenario", ["destinations", "futures"])
 def test_same_outcomes_as_torch(scenario):
     theirs, ours = outcomes(scenario, "torch"), outcomes(scenario, "tensorplay")
     assert theirs, "torch printed nothing"

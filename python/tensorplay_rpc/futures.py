@@ -63,6 +63,7 @@ class Future(Generic[T]):
     def then(self, callback: Callable[["Future[T]"], S]) -> "Future[S]":
         """Return a future of ``callback(self)``, run once this future completes. If the
         callback raises, the returned future fails with that exception."""
+        _check_callable("then", callback)
         chained: Future[S] = Future()
 
         def run(fut: "Future[T]") -> None:
@@ -79,6 +80,7 @@ class Future(Generic[T]):
 
     def add_done_callback(self, callback: Callable[["Future[T]"], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
+        _check_callable("add_done_callback", callback)
         with self._cond:
             if not self._done:
                 self._callbacks.append(callback)
@@ -129,8 +131,15 @@ class Future(Generic[T]):
         return f"<tensorplay_rpc.Future {state}>"
 
 
+def _check_callable(method: str, callback: Any) -> None:
+    """Refuse a callback that cannot be called at once, as torch does, not when it would run."""
+    if not callable(callback):
+        raise TypeError(f"{method}(): the callback must be callable, got {type(callback).__name__}")
+
+
 def collect_all(futures: List[Future]) -> Future[List[Future]]:
-    """A future that completes, with the list of ``futures``, once all of them have."""
+    """A future that completes once all of ``futures`` have: with their list, or, as torch's,
+    with the error of the first of them (in list order) that failed."""
     combined: Future[List[Future]] = Future()
     combined._sources = tuple(futures)
     remaining = [len(futures)]
@@ -143,7 +152,12 @@ def collect_all(futures: List[Future]) -> Future[List[Future]]:
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
-        if last:
+        if not last:
+            return
+        failed = next((f for f in futures if f._exception is not None), None)
+        if failed is not None:
+            combined.set_exception(failed._exception)
+        else:
             combined.set_result(list(futures))
 
     for fut in futures:
@@ -152,5 +166,7 @@ def collect_all(futures: List[Future]) -> Future[List[Future]]:
 
 
 def wait_all(futures: List[Future]) -> List[Any]:
-    """Wait for every future and return their values; raises the first error met."""
+    """Wait for every future and return their values; once all are done, raises the error of
+    the first (in list order) that failed."""
+    collect_all(futures).wait()
     return [fut.wait() for fut in futures]

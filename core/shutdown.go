@@ -142,7 +142,7 @@ func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop fu
 				if w.ID == a.self.ID {
 					continue
 				}
-				switch err := a.probe(w); {
+				switch err := a.probe(w, false); {
 				case err == nil:
 					delete(silentSince, w.ID)
 				case errors.Is(err, transport.ErrGone):
@@ -162,23 +162,28 @@ func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop fu
 }
 
 // probe asks whether worker's agent is there: nil if it is, an error wrapping
-// transport.ErrGone if its host says it is gone, another error if there was no telling.
-func (a *Agent) probe(w WorkerInfo) error {
+// transport.ErrGone if its host says it is gone, another error if there was no telling. With
+// openStream a stream must open: a killed process's listening socket can outlive its streams
+// for a moment, and its host then accepts a connection no one will serve; without it a
+// connection is enough (the shutdown barrier asks every 300 ms, and a stream costs the peer a
+// shared-memory region).
+func (a *Agent) probe(w WorkerInfo, openStream bool) error {
 	ctx, cancel := context.WithTimeout(a.serveCtx, time.Second)
 	defer cancel()
-	if p, ok := a.transport.(transport.Prober); ok {
-		if err := p.Probe(ctx, w.Addr); err != nil {
-			return err
+	prober, canProbe := a.transport.(transport.Prober)
+	if canProbe && !openStream {
+		return prober.Probe(ctx, w.Addr)
+	}
+	s, err := a.transport.Dial(ctx, w.Addr)
+	if err == nil {
+		return s.Close()
+	}
+	if canProbe { // why the stream did not open: only a refusal says the worker is gone
+		if perr := prober.Probe(ctx, w.Addr); errors.Is(perr, transport.ErrGone) {
+			return perr
 		}
 	}
-	// Its host takes connections; the agent itself must open a stream too: a killed
-	// process's listening socket can outlive its streams for a moment, and its host then
-	// accepts a connection no one will serve.
-	s, err := a.transport.Dial(ctx, w.Addr)
-	if err != nil {
-		return err
-	}
-	return s.Close()
+	return err
 }
 
 // forgetIfGone drops the RRef forks worker held once its host says it is gone: a dead worker
@@ -191,7 +196,7 @@ func (a *Agent) forgetIfGone(w WorkerInfo) {
 	}
 	defer a.probing[w.ID].Store(false)
 	for !a.closing() {
-		err := a.probe(w)
+		err := a.probe(w, true)
 		if err == nil {
 			return
 		}

@@ -41,25 +41,33 @@ const ownCopyAbove = 64 << 10
 // and reused the request's memory, the caller reads the reply after the handler let go of it,
 // and neither may change what the other holds.
 func (m Message) ownCopy() Message {
-	size := m.Size()
-	var out Message
+	sizes := make([]int64, 0, 1+len(m.Buffers))
 	var buf []byte
-	if size >= ownCopyAbove {
-		buf = pool.Get(size)
-		out.release = releaseOnce(buf)
-	} else {
-		buf = make([]byte, size)
+	var release func()
+	if size := m.Size(); size >= ownCopyAbove {
+		buf = pool.Get(size)[:0]
+		release = releaseOnce(buf[:size])
 	}
-	at := 0
-	cut := func(b []byte) []byte {
-		n := copy(buf[at:], b)
+	for _, b := range append([][]byte{m.Payload}, m.Buffers...) {
+		buf = append(buf, b...)
+		sizes = append(sizes, int64(len(b)))
+	}
+	return cutMessage(buf, sizes, release)
+}
+
+// cutMessage makes a message of the segments buf holds back to back, sizes[0] bytes of
+// payload then each buffer's; release, if set, hands buf back.
+func cutMessage(buf []byte, sizes []int64, release func()) Message {
+	msg := Message{release: release}
+	at := int64(0)
+	for i, n := range sizes {
 		seg := buf[at : at+n : at+n]
 		at += n
-		return seg
+		if i == 0 {
+			msg.Payload = seg
+		} else {
+			msg.Buffers = append(msg.Buffers, seg)
+		}
 	}
-	out.Payload = cut(m.Payload)
-	for _, b := range m.Buffers {
-		out.Buffers = append(out.Buffers, cut(b))
-	}
-	return out
+	return msg
 }

@@ -290,31 +290,18 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
 	r.mu.Lock()
 	delete(r.messages, id)
+	buf := m.buf
+	m.buf = nil
 	r.mu.Unlock()
 	r.inProgress -= m.total
 	r.budget.free(m.res)
 	if m.refused {
 		return nil, Message{}
 	}
-	r.mu.Lock()
-	buf := m.buf
-	m.buf = nil
-	r.mu.Unlock()
 	if buf == nil {
 		buf = []byte{}
 	}
-	msg := Message{release: releaseOnce(buf)}
-	at := int64(0)
-	for i, n := range m.sizes {
-		seg := buf[at : at+n : at+n]
-		at += n
-		if i == 0 {
-			msg.Payload = seg
-		} else {
-			msg.Buffers = append(msg.Buffers, seg)
-		}
-	}
-	return m.header, msg
+	return m.header, cutMessage(buf, m.sizes, releaseOnce(buf))
 }
 
 // releaseOnce returns buf to the pool on its first call only: a buffer put back twice would

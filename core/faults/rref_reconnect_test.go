@@ -167,28 +167,39 @@ func heldFork(t *testing.T, wrapOwner func(transport.Transport) transport.Transp
 	return holder, owner, lossy, rref, fork
 }
 
-// partitionedTransport cannot reach one address while cut: dials fail and probes get no
-// answer, as when a link is down, though the worker there is alive.
-type partitionedTransport struct {
+// holderSeenFromOwner stands between an owner and one holder's address: while on, dials
+// to it fail with dialErr and probes answer what probe says, whatever the holder itself does.
+type holderSeenFromOwner struct {
 	transport.Transport
-	addr string
-	cut  atomic.Bool
+	addr    string
+	dialErr error
+	probe   func() error // nil: the host takes connections
+	on      atomic.Bool  // set after the fields above, so they are read only once set
 }
 
-var errNoRoute = errors.New("no route to host")
-
-func (t *partitionedTransport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
-	if t.cut.Load() && addr == t.addr {
-		return nil, errNoRoute
+func (t *holderSeenFromOwner) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	if t.on.Load() && addr == t.addr {
+		return nil, t.dialErr
 	}
 	return t.Transport.Dial(ctx, addr)
 }
 
-func (t *partitionedTransport) Probe(ctx context.Context, addr string) error {
-	if t.cut.Load() && addr == t.addr {
-		return errNoRoute
+func (t *holderSeenFromOwner) Probe(ctx context.Context, addr string) error {
+	if t.on.Load() && addr == t.addr {
+		return t.probe()
 	}
 	return t.Transport.(transport.Prober).Probe(ctx, addr)
+}
+
+// ownerView starts heldFork with the owner's view of the holder in between.
+func ownerView(t *testing.T) (view *holderSeenFromOwner, holder, owner *core.Agent, lossy *lossyTransport, rref, fork wire.RRefID) {
+	view = &holderSeenFromOwner{}
+	holder, owner, lossy, rref, fork = heldFork(t, func(tr transport.Transport) transport.Transport {
+		view.Transport = tr
+		return view
+	})
+	view.addr = holder.Self().Addr
+	return view, holder, owner, lossy, rref, fork
 }
 
 // TestAWorkerCutOffForAWhileKeepsItsForks: when a holder's stream to the owner ends and the
@@ -196,19 +207,17 @@ func (t *partitionedTransport) Probe(ctx context.Context, addr string) error {
 // probe dropped them, and the holder's to_here would never complete). Once its host says it is
 // gone, they are dropped (TestForksOfAGoneWorkerAreDropped).
 func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
-	partition := &partitionedTransport{}
-	holder, owner, lossy, rref, fork := heldFork(t, func(tr transport.Transport) transport.Transport {
-		partition.Transport = tr
-		return partition
-	})
-	partition.addr = holder.Self().Addr
-	partition.cut.Store(true)
+	// A link down: no dial gets through, no probe gets an answer.
+	partition, holder, owner, lossy, rref, fork := ownerView(t)
+	noRoute := errors.New("no route to host")
+	partition.dialErr, partition.probe = noRoute, func() error { return noRoute }
+	partition.on.Store(true)
 	lossy.breakAll()
 	time.Sleep(500 * time.Millisecond) // the owner has seen the stream end and asked
 	if n := owner.OwnedRRefs(); n != 1 {
 		t.Fatalf("owner keeps %d RRefs of a holder it cannot reach for now, want 1", n)
 	}
-	partition.cut.Store(false)
+	partition.on.Store(false)
 	if err := holder.ReleaseFork(1, rref, fork); err != nil {
 		t.Fatal(err)
 	}
@@ -219,42 +228,23 @@ func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
 	}
 }
 
-// dyingTransport plays a holder killed a moment ago, seen from its owner: its listening socket
-// outlives its streams, so the first probe finds its host taking connections, but no stream
-// opens; after that its host refuses.
-type dyingTransport struct {
-	transport.Transport
-	addr   string
-	dead   atomic.Bool
-	probes atomic.Int32
-}
-
-func (t *dyingTransport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
-	if t.dead.Load() && addr == t.addr {
-		return nil, errors.New("EOF during the handshake")
-	}
-	return t.Transport.Dial(ctx, addr)
-}
-
-func (t *dyingTransport) Probe(ctx context.Context, addr string) error {
-	if t.dead.Load() && addr == t.addr && t.probes.Add(1) > 1 {
-		return fmt.Errorf("probe %s: %w", addr, transport.ErrGone)
-	}
-	return t.Transport.(transport.Prober).Probe(ctx, addr)
-}
-
 // TestForksOfAWorkerWhoseListenerLingersAreDropped: a killed holder whose host still takes a
 // connection for a moment is not taken for alive: no stream opens, the owner asks again, and
 // drops its forks once the host refuses (before, a probe that only connected kept them forever;
 // the soak with a killed worker left an RRef behind).
 func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
-	dying := &dyingTransport{}
-	holder, owner, lossy, _, _ := heldFork(t, func(tr transport.Transport) transport.Transport {
-		dying.Transport = tr
-		return dying
-	})
-	dying.addr = holder.Self().Addr
-	dying.dead.Store(true)
+	// Killed a moment ago: no stream opens; its host takes the first probe's connection (the
+	// listening socket outlives the streams for a moment), then refuses.
+	dying, _, owner, lossy, _, _ := ownerView(t)
+	var probes atomic.Int32
+	dying.dialErr = errors.New("EOF during the handshake")
+	dying.probe = func() error {
+		if probes.Add(1) > 1 {
+			return fmt.Errorf("probe: %w", transport.ErrGone)
+		}
+		return nil
+	}
+	dying.on.Store(true)
 	lossy.breakAll()
 	for deadline := time.Now().Add(8 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -102,6 +102,15 @@ def error_of(fn):
     return None, None
 
 
+def rss_kib():
+    """This process's resident memory, in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
 def wait_for_file(path, seconds):
     """Block until the test creates path (bounded)."""
     deadline = time.monotonic() + seconds

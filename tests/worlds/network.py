@@ -7,7 +7,7 @@ import time
 import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 
-from .common import add, init, set_done, wait_done, wait_for_file
+from .common import add, init, set_done, wait_done, wait_for_file, wait_until
 
 _held = None
 
@@ -33,17 +33,6 @@ def drop_held():
 def owned_count():
     gc.collect()
     return _agent.require_agent().owned_rref_count()
-
-
-def _settled(fn, want, seconds=10):
-    """fn() once it returns want (reference counts settle a few ms after the calls that
-    change them), or its last value after the bound."""
-    deadline = time.monotonic() + seconds
-    while True:
-        got = fn()
-        if got == want or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)
 
 
 def link_cut(rank, world_size, ready_file, cut_file, healed_file):
@@ -84,8 +73,10 @@ def link_cut(rank, world_size, ready_file, cut_file, healed_file):
         rpc.rpc_sync("worker1", drop_held)
         del theirs, mine
         gc.collect()
-        out["owned_here"] = _settled(lambda: owned_count(), (0, 0))
-        out["owned_there"] = _settled(lambda: rpc.rpc_sync("worker1", owned_count), (0, 0))
+        # Counts settle a few ms after the calls that change them.
+        wait_until(lambda: owned_count() == (0, 0), timeout=10)
+        wait_until(lambda: rpc.rpc_sync("worker1", owned_count) == (0, 0), timeout=10)
+        out["owned_here"], out["owned_there"] = owned_count(), rpc.rpc_sync("worker1", owned_count)
         for w in ("worker1", "worker2"):
             rpc.rpc_sync(w, set_done)
     else:

@@ -1,14 +1,13 @@
 """Scenarios for remote(), RRefs, async_execution and the all-gather helpers."""
 
 import gc
-import os
 import threading
 import time
 
 import tensorplay_rpc as rpc
 from tensorplay_rpc import api as rpc_api
 
-from .common import add, error_of, init, raise_value_error, wait_until
+from .common import add, error_of, init, raise_value_error, rss_kib, wait_until
 
 
 class Counter:
@@ -143,21 +142,13 @@ def refcount_cycles(rank, world_size, cycles):
             del rref
             if i + 1 in (cycles // 5, cycles):
                 rpc.rpc_sync("worker1", gc.collect)
-                rss.append(rpc.rpc_sync("worker1", _rss_kib))
+                rss.append(rpc.rpc_sync("worker1", rss_kib))
         gc.collect()
         out["emptied"] = wait_until(lambda: rpc.rpc_sync("worker1", rpc_api._owned_rref_count) == (0, 0), timeout=60)
         out["tables"] = rpc.rpc_sync("worker1", rpc_api._owned_rref_count)
         out["rss_kib"] = rss
     rpc.shutdown()
     return out
-
-
-def _rss_kib():
-    with open(f"/proc/{os.getpid()}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
 
 
 # -- async_execution ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import time
 import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 
-from .common import init
+from .common import init, rss_kib, shm_mappings
 
 PEERS = 5
 
@@ -19,14 +19,6 @@ def identify(caller):
 
 def _fds():
     return len(os.listdir("/proc/self/fd"))
-
-
-def _rss_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def calls_to_peers(rank, world_size):
@@ -47,7 +39,9 @@ def calls_to_peers(rank, world_size):
         "threads": threading.active_count(),
         "os_threads": len(os.listdir("/proc/self/task")),
         "fds": _fds(),
-        "rss_mib": _rss_mib(),
+        "rss_mib": rss_kib() / 1024,
+        # One region per stream: to the peers it called and from those that called it.
+        "shm_regions": shm_mappings(),
     }
     rpc.shutdown()
     return out

@@ -12,8 +12,8 @@ import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 from tensorplay_rpc import api as rpc_api
 
-from .common import add, init, wait_until
-from .rrefs import Counter, _rss_kib
+from .common import add, init, rss_kib, wait_until
+from .rrefs import Counter
 
 
 def nbytes(x):
@@ -28,7 +28,7 @@ def snapshot():
         "lent": agent.lent_messages(),
         "goroutines": agent.goroutines(),
         "threads": threading.active_count(),
-        "rss_kib": _rss_kib(),
+        "rss_kib": rss_kib(),
     }
 
 

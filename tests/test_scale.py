@@ -24,9 +24,12 @@ def test_a_big_world_joins_calls_and_leaves(run):
     for r in results:
         want = [(p, r.rank) for p in r.value["peers"]]
         assert r.value["answers"] == want, (r.rank, r.value["answers"], want)
+        # Connections on first use, not a full mesh: streams to the 5 peers it called and from
+        # the 5 that called it.
+        assert r.value["shm_regions"] <= 10, (r.rank, r.value["shm_regions"])
     summary = {
         key: (min(r.value[key] for r in results), statistics.median(r.value[key] for r in results), max(r.value[key] for r in results))
-        for key in ("join_s", "goroutines", "os_threads", "fds", "rss_mib")
+        for key in ("join_s", "goroutines", "os_threads", "fds", "rss_mib", "shm_regions")
     }
     # What the README reports per worker: min, median, max.
     log.warning("scale run %d of %d, %d workers: %s", run + 1, RUNS, WORKERS, summary)

@@ -68,3 +68,22 @@ func TestWarnsOnceWithoutATokenOffLoopback(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepaliveSpansThePeerTimeout: a silent peer is pinged after `every` and must answer
+// within `answerWithin`; together they are the peer timeout, and gRPC-Go's client pings at
+// most every 10 s whatever it is told.
+func TestKeepaliveSpansThePeerTimeout(t *testing.T) {
+	tests := []struct {
+		peerTimeout, every, answerWithin time.Duration
+	}{
+		{0, 10 * time.Second, 20 * time.Second}, // the default, 30 s
+		{12 * time.Second, 10 * time.Second, 2 * time.Second},
+		{90 * time.Second, 30 * time.Second, 60 * time.Second},
+	}
+	for _, tt := range tests {
+		every, answerWithin := World{}.WithPeerTimeout(tt.peerTimeout).keepalive()
+		if every != tt.every || answerWithin != tt.answerWithin {
+			t.Errorf("peer timeout %v: ping after %v, answer within %v; want %v and %v", tt.peerTimeout, every, answerWithin, tt.every, tt.answerWithin)
+		}
+	}
+}

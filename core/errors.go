@@ -26,6 +26,21 @@ var (
 	ErrTooLarge = errors.New("message too large")
 )
 
+// DuplicateNameError: two workers of a world joined under one name. It is a rendezvous
+// failure (errors.Is(err, ErrRendezvous)); its message is torch's own words, which scripts
+// match on.
+type DuplicateNameError struct {
+	Name         string
+	First, Later int // the two ranks
+}
+
+func (e *DuplicateNameError) Error() string {
+	return fmt.Sprintf("RPC worker name %s is not unique. Workers %d and %d share the same name.", e.Name, e.First, e.Later)
+}
+
+// Unwrap makes the error a rendezvous failure.
+func (e *DuplicateNameError) Unwrap() error { return ErrRendezvous }
+
 // RemoteError is a handler's failure, delivered to the caller.
 type RemoteError struct {
 	// Worker is the callee's name.

@@ -40,8 +40,7 @@ func join(ctx context.Context, store rendezvous.Store, self WorkerInfo, worldSiz
 			return nil, fmt.Errorf("%w: rank %d: %w", ErrRendezvous, rank, err)
 		}
 		if other, dup := byName[w.Name]; dup {
-			// torch's words: scripts match on them.
-			return nil, fmt.Errorf("%w: RPC worker name %s is not unique. Workers %d and %d share the same name.", ErrRendezvous, w.Name, other, rank)
+			return nil, &DuplicateNameError{Name: w.Name, First: other, Later: rank}
 		}
 		byName[w.Name] = rank
 	}

@@ -102,7 +102,7 @@ def test_errors_that_cannot_travel_as_themselves(tmp_path):
     kind, msg = out["unpicklable_exception"]
     assert "_Unpicklable" in kind + msg and "holding a lock" in msg and "Traceback" in msg
     kind, msg = out["unpicklable_result"]
-    assert kind == "TypeError" and "lock" in msg
+    assert kind == "RuntimeError" and "TypeError: cannot pickle" in msg and "lock" in msg
     kind, msg = out["unknown_module"]
     assert kind == "ModuleNotFoundError" and "only_on_the_caller" in msg
     assert out["still_serving"] == 3

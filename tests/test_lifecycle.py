@@ -20,10 +20,13 @@ def test_calls_before_init_raise():
         lambda: rpc.rpc_sync("w", max, args=(1, 2)),
         lambda: rpc.rpc_async("w", max, args=(1, 2)),
         lambda: rpc.get_worker_info(),
-        lambda: rpc.get_rpc_timeout(),
         lambda: rpc.shutdown(),
     ):
         with pytest.raises(RuntimeError, match="RPC has not been initialized"):
+            call()
+    # torch's words where torch asks for the agent itself
+    for call in (rpc.get_rpc_timeout, lambda: rpc.RRef(1), rpc._get_current_rpc_agent):
+        with pytest.raises(RuntimeError, match="Current RPC agent is not set!"):
             call()
     with pytest.raises(RuntimeError) as info:
         rpc.rpc_sync("w", max)
@@ -88,7 +91,7 @@ def test_missing_worker_times_out_naming_ranks():
 
 def test_invalid_name():
     errs = _errors(run_world("faults:bad_name", 1, timeout=30))
-    assert errs[0][0] == "RuntimeError" and "worker name must match" in errs[0][1] and "bad name!" in errs[0][1]
+    assert errs[0][0] == "RuntimeError" and "Worker name must match" in errs[0][1] and "bad name!" in errs[0][1]
 
 
 def test_missing_master_addr():

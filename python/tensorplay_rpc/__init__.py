@@ -13,8 +13,13 @@ This module only re-exports. Modules import each other in one direction, all at 
 """
 
 from . import functions
+from ._agent import RpcAgent, TensorPipeAgent
 from .api import (
     AllGatherStates,
+    _get_current_rpc_agent,
+    _get_debug_info,
+    _is_current_rpc_agent_set,
+    _set_rpc_timeout,
     get_rpc_timeout,
     get_worker_info,
     init_rpc,
@@ -32,9 +37,13 @@ from .backend_registry import (
     init_backend,
     register_backend,
 )
+from .constants import DEFAULT_INIT_METHOD as _DEFAULT_INIT_METHOD
+from .constants import DEFAULT_NUM_WORKER_THREADS as _DEFAULT_NUM_WORKER_THREADS
+from .constants import DEFAULT_RPC_TIMEOUT_SEC as _DEFAULT_RPC_TIMEOUT_SEC
+from .constants import UNSET_RPC_TIMEOUT as _UNSET_RPC_TIMEOUT
 from .futures import Future, collect_all, wait_all
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
-from .rref import RRef, method_factory, new_method
+from .rref import PyRRef, RRef, method_factory, new_method
 from .worker_info import WorkerInfo
 
 __all__ = [
@@ -42,8 +51,11 @@ __all__ = [
     "BackendType",
     "BackendValue",
     "Future",
+    "PyRRef",
     "RRef",
+    "RpcAgent",
     "RpcBackendOptions",
+    "TensorPipeAgent",
     "TensorPipeRpcBackendOptions",
     "WorkerInfo",
     "backend_registered",

@@ -23,7 +23,7 @@ from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
 from .functions import Deferred, run_function
 from .futures import Future
-from .internal import RemoteException, deserialize, serialize
+from .internal import FrameworkError, RemoteException, exception_text, deserialize, serialize
 from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
 
@@ -47,7 +47,9 @@ def function_call(func: Callable[..., Any], args: Optional[tuple], kwargs: Optio
     builder for rpc_sync, rpc_async, remote and the RRef proxies."""
     if not callable(func):
         raise TypeError("function should be callable.")
-    return func, tuple(args or ()), dict(kwargs or {})
+    # Passed as given, as torch does: arguments of the wrong kind fail on the callee, with
+    # Python's own TypeError from the call.
+    return func, () if args is None else args, {} if kwargs is None else kwargs
 
 
 def _to_ms(seconds: float) -> int:
@@ -71,16 +73,16 @@ def _wait_on_go(wait: Callable[[int], bool]) -> None:
         pass
 
 
-_current: Optional["PythonAgent"] = None
+_current: Optional["TensorPipeAgent"] = None
 _current_lock = threading.Lock()
 
 
-def current_agent() -> Optional["PythonAgent"]:
+def current_agent() -> Optional["TensorPipeAgent"]:
     """This process's agent, or None before init_rpc and after shutdown."""
     return _current
 
 
-def require_agent() -> "PythonAgent":
+def require_agent() -> "TensorPipeAgent":
     """This process's agent; raises if RPC is not initialized."""
     agent = _current
     if agent is None:
@@ -88,7 +90,7 @@ def require_agent() -> "PythonAgent":
     return agent
 
 
-def install_agent(agent: Optional["PythonAgent"], expected: Optional["PythonAgent"] = None) -> None:
+def install_agent(agent: Optional["TensorPipeAgent"], expected: Optional["TensorPipeAgent"] = None) -> None:
     """Make ``agent`` the process's agent if the current one is ``expected``; raises if RPC
     is already initialized when installing a new one."""
     global _current
@@ -106,11 +108,13 @@ class _CallFuture(Future):
     the call only once it has callbacks and no thread waits (Go's Call.Notify), so a call that
     is waited for never wakes it."""
 
-    def __init__(self, agent: "PythonAgent", dest: str, timeout_s: float) -> None:
+    def __init__(self, agent: "TensorPipeAgent", dest: str, timeout_s: float, prefixed: bool) -> None:
         super().__init__()
         self._agent = agent
         self._dest = dest
         self._timeout_ms = _to_ms(timeout_s)
+        self._prefixed = prefixed  # a remote error's message starts with its type (to_exception)
+        self.timed_out = False  # set once the call failed for want of an answer in time
         self._go_call: Any = None
         self._notify_id = 0  # set once a callback asks for the completion event
         # A big request is sent from its buffers in place: they live until the call is done.
@@ -197,9 +201,10 @@ class _CallFuture(Future):
             payload, buffers = self._agent._read_message(go_call.Result())
         if status == _go.StatusOK:
             return deserialize(payload, buffers), None
+        self.timed_out = status == _go.StatusTimeout
         if status == _go.StatusRemoteError:
             try:
-                return None, RemoteException.decode(payload).to_exception()
+                return None, RemoteException.decode(payload).to_exception(self._prefixed)
             except Exception:
                 return None, RuntimeError(f"On worker {self._dest}: {go_call.ErrorMessage()}")
         text = _CALL_ERRORS.get(status, "{message}")
@@ -253,7 +258,51 @@ def _confirm_creation(created: Future) -> Optional[Tuple[Any]]:
     return _creation_reply(created.wait())
 
 
-class PythonAgent:
+class RpcAgent:
+    """What every RPC agent offers (torch's ``RpcAgent``); :class:`TensorPipeAgent` is the
+    one this package has. ``_get_current_rpc_agent()`` returns this process's."""
+
+    info: WorkerInfo
+    workers: List[WorkerInfo]
+
+    def get_worker_info(self, worker: "Optional[str | int]" = None) -> WorkerInfo:
+        """The WorkerInfo of this worker, or of the worker of that name or id."""
+        return self.info if worker is None else self.destination(worker)
+
+    def destination(self, to: "str | int | WorkerInfo") -> WorkerInfo:
+        """The worker ``to`` names, as torch resolves a destination: by name, by id (a bool
+        too), or a WorkerInfo by its name (its id is not checked)."""
+        me = self.info
+        if isinstance(to, WorkerInfo):
+            found = self.worker(to.name)
+            if found is None:
+                raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination url for name {to.name}")
+            return found
+        if isinstance(to, str):
+            found = self.worker(to)
+            if found is None:
+                raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination name {to}")
+            return found
+        if isinstance(to, int):
+            if not 0 <= to < len(self.workers):
+                raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination id {int(to)}")
+            return self.workers[to]
+        raise ValueError(f"Cannot get WorkerInfo from name {to}")
+
+    def get_worker_infos(self) -> List[WorkerInfo]:
+        """The WorkerInfo of every worker of the world."""
+        return list(self.workers)
+
+    def worker(self, name: str) -> Optional[WorkerInfo]:
+        """The worker called ``name``, or None."""
+        raise NotImplementedError
+
+    def get_debug_info(self) -> Dict[str, str]:
+        """Counters of this agent, by name, as strings (torch's keys where they mean the same)."""
+        raise NotImplementedError
+
+
+class TensorPipeAgent(RpcAgent):
     """One worker's agent: owns the Go agent and the Python threads around it."""
 
     def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float) -> None:
@@ -293,6 +342,18 @@ class PythonAgent:
         """The worker called ``name``, or None."""
         return self._by_name.get(name)
 
+    def get_debug_info(self) -> Dict[str, str]:
+        """Counters of this agent, by name, as strings (torch's keys where they mean the same)."""
+        owned_values, owned_entries = self.owned_rref_count()
+        return {
+            "num_owner_rrefs": str(owned_values),
+            "num_owner_rref_entries": str(owned_entries),
+            "num_pending_users": str(self.pending_futures()),
+            "agent.thread_pool_size": str(len(self._threads)),
+            "agent.lent_messages": str(self.lent_messages()),
+            "agent.goroutines": str(self.goroutines()),
+        }
+
     @property
     def address(self) -> str:
         """The "host:port" this worker listens on for its peers (private: for tests)."""
@@ -316,7 +377,7 @@ class PythonAgent:
         rref_id, fork_id = self.new_id(), self.new_id()
         self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
         try:
-            creation = self._send(dest, (_REMOTE, rref_id, *call), timeout)
+            creation = self._send(dest, (_REMOTE, rref_id, *call), timeout, prefixed=False)
         except BaseException:
             self.release_fork(dest.id, rref_id, fork_id)  # no RRef object will hold it
             raise
@@ -324,12 +385,13 @@ class PythonAgent:
 
     def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float) -> Future:
         """The future of a copy of the value of RRef ``rref_id``, from its owner."""
-        return self._send(owner, (_FETCH, rref_id), timeout)
+        return self._send(owner, (_FETCH, rref_id), timeout, prefixed=False)
 
-    def _send(self, dest: WorkerInfo, message: Any, timeout: float) -> "_CallFuture":
+    def _send(self, dest: WorkerInfo, message: Any, timeout: float, prefixed: bool = True) -> "_CallFuture":
         """Send a Python-level message and return the future of its reply.
 
-        ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none.
+        ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none. ``prefixed``:
+        see RemoteException.to_exception (False for what to_here() raises).
         """
         if timeout < 0:
             timeout = self.rpc_timeout
@@ -337,7 +399,7 @@ class PythonAgent:
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
-        fut = _CallFuture(self, dest.name, timeout)
+        fut = _CallFuture(self, dest.name, timeout, prefixed)
         table = SegmentTable(segments)
         # Decided here only, and Go obeys: a big message is sent from Python's memory in place,
         # so its buffers must live until the call is done.
@@ -489,7 +551,7 @@ class PythonAgent:
             for owner, rref_id, fork_id in context.forks:
                 self.add_fork(owner, rref_id, fork_id, holder=go_request.CallerID())
         except BaseException as exc:  # an unpicklable result fails the call, not the worker
-            self._reply_error(go_request, exc)
+            self._reply_error(go_request, FrameworkError(f"{type(exc).__name__}: {exc}"))
             return
         table = SegmentTable(segments)
         try:
@@ -499,10 +561,7 @@ class PythonAgent:
             table.release()
 
     def _reply_error(self, go_request, exc: BaseException) -> None:
-        try:
-            summary = f"{type(exc).__name__}: {exc}"
-        except Exception:  # an exception whose str() fails still gets reported
-            summary = type(exc).__name__
+        summary = f"{type(exc).__name__}: {exception_text(exc)}"
         detail = RemoteException.capture(exc, repr(self.info)).encode()
         table = SegmentTable([detail])
         try:
@@ -521,7 +580,7 @@ class PythonAgent:
             raise
         if isinstance(result, Deferred):
             result.future.add_done_callback(lambda fut: slot._complete(fut._result, fut._exception))
-            return Deferred(result.future.then(_confirm_creation))
+            return Deferred(result.future._chain(_confirm_creation))
         slot._complete(result, None)
         return _creation_reply(result)
 
@@ -545,7 +604,7 @@ class PythonAgent:
             t.join(timeout=WAIT_SLICE_S * 2)
 
 
-def start_agent(store: str, name: str, rank: int, world_size: int, options: TensorPipeRpcBackendOptions) -> PythonAgent:
+def start_agent(store: str, name: str, rank: int, world_size: int, options: TensorPipeRpcBackendOptions) -> TensorPipeAgent:
     """Join the world as worker ``name`` through the rendezvous store at ``store``
     (``tcp://host:port`` or ``file:///path``) and return the agent, not yet serving.
 
@@ -569,4 +628,4 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
     except BaseException:
         starter.Cancel()
         raise
-    return PythonAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout)
+    return TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout)

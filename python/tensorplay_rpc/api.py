@@ -3,17 +3,20 @@ the all-gather helpers."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import numbers
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 from urllib.parse import parse_qs, urlparse
 
 from . import backend_registry, constants
-from ._agent import PythonAgent, current_agent, function_call, install_agent, require_agent
+from ._agent import TensorPipeAgent, current_agent, function_call, install_agent, require_agent
+from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
 from .backend_registry import BackendType
-from .futures import Future
+from .futures import Future, wait_all
 from .options import RpcBackendOptions
 from .rref import RRef, remote_rref
 from .worker_info import WorkerInfo
@@ -66,6 +69,11 @@ def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> 
         raise ValueError(f"init_method {init_method!r} is not supported: use env://, tcp://host:port or file:///path")
     if world_size is None:
         raise ValueError("world_size must be given (dynamic world membership is not supported)")
+    # As torch's rendezvous: a rank of 1.7 is refused, not rounded.
+    if not isinstance(rank, numbers.Integral):
+        raise RuntimeError(f"`rank` must be an integer. {rank}")
+    if not isinstance(world_size, numbers.Integral):
+        raise RuntimeError(f"`world_size` must be an integer. {world_size}")
     return store, int(rank), int(world_size)
 
 
@@ -90,7 +98,8 @@ def init_rpc(
     if rpc_backend_options is not None and not isinstance(rpc_backend_options, RpcBackendOptions):
         raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
     if not isinstance(name, str):
-        raise TypeError(f"name must be a string, got {type(name).__name__}")
+        raise RuntimeError(f"Argument {name} must be of type {str} but got type {type(name)}")
+    WorkerInfo(name, 0)  # the name's rules, checked (and worded) as torch's WorkerInfo does
     if backend is None:
         backend = BackendType.TENSORPIPE
     if rpc_backend_options is None:
@@ -124,40 +133,71 @@ def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_
 
 def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
     """The :class:`WorkerInfo` of worker ``worker_name``, or of this worker."""
-    agent = require_agent()
-    if worker_name is None:
-        return agent.info
-    return _destination(agent, worker_name)
+    return require_agent().get_worker_info(worker_name)
 
 
 def get_rpc_timeout() -> float:
     """The default timeout of calls, in seconds, as set in the backend options."""
-    return require_agent().rpc_timeout
+    return _get_current_rpc_agent().rpc_timeout
+
+
+def _set_rpc_timeout(rpc_timeout: float) -> None:
+    """Set the default timeout of calls, in seconds (torch's private helper)."""
+    _get_current_rpc_agent().rpc_timeout = float(rpc_timeout)
+
+
+def _get_current_rpc_agent() -> TensorPipeAgent:
+    """This process's agent (torch's private accessor); raises before ``init_rpc``."""
+    agent = current_agent()
+    if agent is None:
+        raise RuntimeError(constants.AGENT_NOT_SET)
+    return agent
+
+
+def _is_current_rpc_agent_set() -> bool:
+    """Whether ``init_rpc`` has run and ``shutdown`` has not."""
+    return current_agent() is not None
+
+
+def _get_debug_info() -> Dict[str, str]:
+    """This worker's counters, by name, as strings (see :meth:`RpcAgent.get_debug_info`)."""
+    return _get_current_rpc_agent().get_debug_info()
+
+
+def _to_worker_info(to: Destination) -> WorkerInfo:
+    """The WorkerInfo ``to`` names: a WorkerInfo as it is, a name or a rank looked up."""
+    if isinstance(to, WorkerInfo):
+        return to
+    if isinstance(to, (str, int)):
+        return get_worker_info(to)
+    raise ValueError(f"Cannot get WorkerInfo from name {to}")
+
+
+_collecting = threading.local()
+
+
+@contextlib.contextmanager
+def _wait_all() -> Iterator[None]:
+    """A context manager that waits, on exit, for every future ``rpc_async`` returned on this
+    thread inside it (torch's private helper)."""
+    _collecting.futures = []
+    try:
+        yield
+    finally:
+        try:
+            wait_all(_collecting.futures)
+        finally:
+            del _collecting.futures
+
+
+def _wait_all_workers(timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
+    """Block until every worker has reached this call (an all-gather of nothing)."""
+    _all_gather(None, timeout=timeout)
 
 
 def is_available() -> bool:
     """Whether RPC is built into this package (always True)."""
     return True
-
-
-def _destination(agent: PythonAgent, to: Destination) -> WorkerInfo:
-    me = agent.info
-    if isinstance(to, WorkerInfo):
-        # By name, as torch routes a WorkerInfo (its id is not checked).
-        found = agent.worker(to.name)
-        if found is None:
-            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination url for name {to.name}")
-        return found
-    if isinstance(to, str):
-        found = agent.worker(to)
-        if found is None:
-            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination name {to}")
-        return found
-    if isinstance(to, int):  # a bool too, as in torch
-        if not 0 <= to < len(agent.workers):
-            raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination id {int(to)}")
-        return agent.workers[to]
-    raise ValueError(f"Cannot get WorkerInfo from name {to}")
 
 
 def rpc_async(
@@ -174,7 +214,11 @@ def rpc_async(
     """
     agent = require_agent()
     call = function_call(func, args, kwargs)
-    return agent.rpc_async(_destination(agent, to), call, timeout)
+    fut = agent.rpc_async(agent.destination(to), call, timeout)
+    collected: Optional[List[Future]] = getattr(_collecting, "futures", None)
+    if collected is not None:
+        collected.append(fut)
+    return fut
 
 
 def rpc_sync(
@@ -191,7 +235,7 @@ def rpc_sync(
     """
     agent = require_agent()
     call = function_call(func, args, kwargs)
-    return agent.rpc_sync(_destination(agent, to), call, timeout)
+    return agent.rpc_sync(agent.destination(to), call, timeout)
 
 
 def remote(
@@ -209,7 +253,7 @@ def remote(
     """
     agent = require_agent()
     call = function_call(func, args, kwargs)
-    return remote_rref(agent, _destination(agent, to), call, timeout)
+    return remote_rref(agent, agent.destination(to), call, timeout)
 
 
 class AllGatherStates:

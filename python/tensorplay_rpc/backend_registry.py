@@ -7,7 +7,7 @@ import enum
 from typing import Any, Callable
 
 from . import constants
-from ._agent import PythonAgent, start_agent
+from ._agent import TensorPipeAgent, start_agent
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
 
 BackendValue = collections.namedtuple(
@@ -35,7 +35,7 @@ def _tensorpipe_construct_rpc_backend_options_handler(
 
 def _tensorpipe_init_backend_handler(
     store: str, name: str, rank: int, world_size: int, rpc_backend_options: RpcBackendOptions
-) -> PythonAgent:
+) -> TensorPipeAgent:
     """Start the Go agent: ``store`` is the rendezvous URL (``tcp://host:port`` or
     ``file:///path``). Returns the agent, not yet serving."""
     if not isinstance(rpc_backend_options, TensorPipeRpcBackendOptions):

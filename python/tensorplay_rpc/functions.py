@@ -6,6 +6,7 @@ import functools
 from typing import Any, Callable, TypeVar
 
 from .futures import Future
+from .internal import FrameworkError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,8 +57,8 @@ def run_function(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     if not is_async_execution(fn):
         return result
     if not isinstance(result, Future):
-        raise TypeError(
-            f"async_execution function {getattr(fn, '__qualname__', fn)} must return a Future, "
-            f"got {type(result).__name__}"
+        raise FrameworkError(
+            "Functions decorated with @rpc.async_function must return a tensorplay_rpc.Future object, "
+            f"but got {type(result).__module__}.{type(result).__qualname__}"
         )
     return Deferred(result)

@@ -34,6 +34,7 @@ class Future(Generic[T]):
         # the callbacks, instead of waiting for the thread that runs callbacks, which may be the
         # very thread waiting (a callback that waits on a nested call).
         self._sources: Tuple["Future[Any]", ...] = ()
+        self._unwrap: Optional[Callable[[Any], Any]] = None
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
@@ -58,18 +59,35 @@ class Future(Generic[T]):
             raise RuntimeError("Future.value() called before the future completed: call wait() first")
         if self._exception is not None:
             raise self._exception
+        if self._unwrap is not None:
+            self._unwrap(self._result)  # for its checks (it may raise): its result is not used
         return self._result
 
     def then(self, callback: Callable[["Future[T]"], S]) -> "Future[S]":
         """Return a future of ``callback(self)``, run once this future completes. If the
-        callback raises, the returned future fails with that exception."""
+        callback raises, the returned future fails with a RuntimeError that names the
+        callback's error (as torch's does); that error is its ``__cause__``."""
         _check_callable("then", callback)
+        return self._chain(callback, wrap_errors=True)
+
+    def _set_unwrap_func(self, unwrap: Callable[[Any], Any]) -> None:
+        """Make :meth:`wait` and :meth:`value` call ``unwrap(result)`` before they return the
+        result, which it may refuse by raising (as torch's private method of the same name)."""
+        self._unwrap = unwrap
+
+    def _chain(self, callback: Callable[["Future[T]"], S], wrap_errors: bool = False) -> "Future[S]":
+        """:meth:`then`; without ``wrap_errors`` the chained future fails with the callback's
+        own error (what this library's own chains need)."""
         chained: Future[S] = Future()
 
         def run(fut: "Future[T]") -> None:
             try:
                 result = callback(fut)
             except BaseException as exc:  # the chained future carries it to its waiter
+                if wrap_errors:
+                    wrapped = RuntimeError(f"Got the following error when running the callback: {type(exc).__name__}: {exc}")
+                    wrapped.__cause__ = exc
+                    exc = wrapped
                 chained._complete(None, exc)
             else:
                 chained._complete(result, None)
@@ -98,7 +116,7 @@ class Future(Generic[T]):
     def set_exception(self, result: BaseException) -> None:
         """Complete the future with an exception, which :meth:`wait` will raise."""
         if not isinstance(result, BaseException):
-            raise TypeError(f"{result!r} is of type {type(result)}, not an Exception.")
+            raise AssertionError(f"{result} is of type {type(result)}, not an Exception.")
         if not self._complete(None, result):
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "
@@ -125,6 +143,10 @@ class Future(Generic[T]):
             callback(self)
         except BaseException:
             logger.exception("a Future's done callback raised; the error is ignored")
+
+    def __reduce__(self):
+        # A future holds threads' waits and callbacks: it has no meaning on another worker.
+        raise RuntimeError("Can not pickle tensorplay_rpc.Future")
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"

@@ -218,46 +218,77 @@ def deserialize(payload, buffers) -> Any:
     return _Unpickler(io.BytesIO(payload), buffers=buffers).load()
 
 
-class RemoteException:
-    """An exception raised on a callee, as it travels back to the caller.
+class FrameworkError(RuntimeError):
+    """An error this library raises on a callee about the call itself (a result that cannot be
+    pickled, an async_execution function that returned no Future): it reaches the caller as a
+    RuntimeError with this message, as torch reports its own, not as a user's exception."""
 
-    The type travels by reference, so the caller gets the same class when it can import it;
-    the message carries the remote worker, the exception's repr and the remote traceback.
+
+def _unescape(text: str) -> str:
+    """Turn the escapes of a repr back into characters, as torch does to a remote error's
+    message (its newlines and tabs come out as such); characters beyond ASCII are kept, where
+    torch garbles them (it decodes the UTF-8 bytes as Latin-1)."""
+    try:
+        return text.encode("ascii", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:  # a lone backslash at the end, say: keep the text as it was
+        return text
+
+
+class RemoteException:
+    """An error raised on a callee, as it travels back to the caller.
+
+    The type travels by reference, so the caller gets the same class when it can import it.
+    An exception raised by user code (an ``Exception``) is *framed*: its message is torch's,
+    the remote worker, the exception's repr and the remote traceback. Anything else (a
+    ``SystemExit`` or ``KeyboardInterrupt`` raised by user code, a :class:`FrameworkError`)
+    reaches the caller as a RuntimeError with a message of one line, as torch reports them;
+    a ``SystemExit`` on a callee never ends the caller.
     """
 
-    __slots__ = ("type_ref", "type_name", "message")
+    __slots__ = ("type_ref", "type_name", "message", "framed")
 
-    def __init__(self, type_ref: Optional[bytes], type_name: str, message: str) -> None:
+    def __init__(self, type_ref: Optional[bytes], type_name: str, message: str, framed: bool) -> None:
         self.type_ref = type_ref
         self.type_name = type_name
         self.message = message
+        self.framed = framed
 
     @classmethod
     def capture(cls, exc: BaseException, where: str) -> "RemoteException":
         """Describe ``exc``, being handled now on worker ``where`` (a WorkerInfo's repr)."""
+        if isinstance(exc, FrameworkError):
+            return cls(None, "builtins.RuntimeError", str(exc), framed=False)
+        if not isinstance(exc, Exception):
+            return cls(None, "builtins.RuntimeError", f"{type(exc).__name__}: {exception_text(exc)}", framed=False)
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        message = f"On {where}:\n{exc!r}\n{tb}"
+        message = _unescape(f"On {where}:\n{_repr(exc)}\n{tb}")
         try:
-            # cloudpickle sends a class defined in __main__ by value and brings it back to the
-            # caller's own class object if the caller sent it here.
+            # cloudpickle sends a class defined in __main__ or in a function by value and
+            # brings it back to the caller's own class object if the caller sent it here.
             type_ref = cloudpickle.dumps(type(exc), protocol=PROTOCOL)
         except Exception:  # a class that cannot be pickled: its name and text still go
             type_ref = None
-        return cls(type_ref, f"{type(exc).__module__}.{type(exc).__qualname__}", message)
+        return cls(type_ref, f"{type(exc).__module__}.{type(exc).__qualname__}", message, framed=True)
 
     def encode(self) -> bytes:
         """The wire form, plain data that any caller can unpickle."""
-        return pickle.dumps((self.type_ref, self.type_name, self.message), protocol=PROTOCOL)
+        return pickle.dumps((self.type_ref, self.type_name, self.message, self.framed), protocol=PROTOCOL)
 
     @classmethod
     def decode(cls, data) -> "RemoteException":
         """Inverse of :meth:`encode`."""
-        type_ref, type_name, message = pickle.loads(data)
-        return cls(type_ref, type_name, message)
+        type_ref, type_name, message, framed = pickle.loads(data)
+        return cls(type_ref, type_name, message, bool(framed))
 
-    def to_exception(self) -> BaseException:
+    def to_exception(self, prefixed: bool = True) -> BaseException:
         """The exception to raise on the caller: the remote type when it can be imported and
-        built from a message, else a RuntimeError naming the type."""
+        built from a message, else a RuntimeError naming the type.
+
+        ``prefixed``: the message starts with the type's name, as torch's does when the error
+        comes through a future (``rpc_sync``, ``rpc_async``, the proxies), not from
+        ``to_here()``."""
+        if not self.framed:
+            return RuntimeError(self.message)
         exc_type = None
         if self.type_ref is not None:
             try:
@@ -265,9 +296,24 @@ class RemoteException:
             except Exception:
                 exc_type = None
         short_name = self.type_name.rsplit(".", 1)[-1]
+        message = f"{short_name}: {self.message}" if prefixed else self.message
         if isinstance(exc_type, type) and issubclass(exc_type, BaseException):
             try:
-                return exc_type(f"{short_name}: {self.message}")
+                return exc_type(message)
             except Exception:
                 pass
         return RuntimeError(f"{self.type_name}: {self.message}")
+
+
+def exception_text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception as err:  # an exception whose __str__ fails is still reported
+        return f"<str() raised {type(err).__name__}: {err}>"
+
+
+def _repr(exc: BaseException) -> str:
+    try:
+        return repr(exc)
+    except Exception as err:
+        return f"<repr() raised {type(err).__name__}: {err}>"

@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from . import constants
-from ._agent import FunctionCall, PythonAgent, current_agent, require_agent
+from ._agent import FunctionCall, TensorPipeAgent, current_agent, function_call
 from ._owner_table import Id
 from .futures import Future
 from .internal import current_send_context
@@ -29,11 +29,13 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
-        agent = require_agent()
+        agent = current_agent()
+        if agent is None:
+            raise RuntimeError(constants.AGENT_NOT_SET)
         me = agent.info.id
         rref_id, fork_id = agent.new_id(), agent.new_id()
         slot = agent.owner_table.creation_slot(rref_id)
@@ -41,8 +43,9 @@ class PyRRef:
         agent.add_fork(me, rref_id, fork_id, holder=me)
         self._bind(agent, me, rref_id, fork_id, slot, None)
 
-    def _bind(self, agent: PythonAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
+    def _bind(self, agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
         self._made_by: Optional[Callable[..., Any]] = None  # the function remote() ran, if known
+        self._type: Optional[type] = None  # the value's type, once _get_type has learnt it
         self._agent = agent
         self._owner_id = owner_id
         self._rref_id = rref_id
@@ -75,8 +78,11 @@ class PyRRef:
     def local_value(self) -> Any:
         """The value itself; only on the owner. Raises the error its creation raised."""
         if not self.is_owner():
+            (c, l), (fc, fl) = self._rref_id, self._fork_id
             raise RuntimeError(
-                f"Cannot call localValue() on a non-local reference. Call it on {self.owner()}"
+                f"For UserRRef(rref_id=GloballyUniqueId(created_on={c}, local_id={l}), "
+                f"fork_id=GloballyUniqueId(created_on={fc}, local_id={fl})), can't call localValue() "
+                f"on user {self._agent.info}. Call it on owner {self.owner()}"
             )
         return self._slot.wait()
 
@@ -90,6 +96,10 @@ class PyRRef:
         started = time.monotonic()
         creation = self._creation
         if creation is not None and creation.done():
+            if getattr(creation, "timed_out", False):
+                raise RuntimeError(
+                    "RRef creation via rpc.remote() timed out, and it is possible that the RRef on the owner node does not exist."
+                )
             inlined = creation.wait()  # raises a failed creation's error
             if inlined is not None:
                 return inlined[0]
@@ -107,10 +117,15 @@ class PyRRef:
                     f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
                     f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
                 )
-            inlined = creation.wait()  # raises a failed creation's error
-            _remember_inlined(self._made_by, inlined is not None)
-            if inlined is not None:
-                return inlined[0]
+            if getattr(creation, "timed_out", False):
+                # The creation's own timeout passed while this to_here() waited: as torch's, it
+                # fetches the value, which the owner still makes.
+                creation = None
+            else:
+                inlined = creation.wait()  # raises a failed creation's error
+                _remember_inlined(self._made_by, inlined is not None)
+                if inlined is not None:
+                    return inlined[0]
         if fetch is None:
             left = max(1e-3, timeout - (time.monotonic() - started)) if timeout > 0 else timeout
             fetch = self._agent.fetch(self.owner(), self._rref_id, left)
@@ -123,18 +138,38 @@ class PyRRef:
 
     def rpc_async(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns a Future."""
-        return RRefProxy(self, self._agent.rpc_async, timeout)
+        return RRefProxy(self, self._agent.rpc_async, timeout, blocking=False)
 
     def remote(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns an RRef to its result, kept on
         the owner."""
         return RRefProxy(self, functools.partial(remote_rref, self._agent), timeout)
 
+    def _get_type(self, timeout: float = constants.UNSET_RPC_TIMEOUT, blocking: bool = True) -> Any:
+        """The type of the value (asked of the owner once, then kept); with
+        ``blocking=False``, a Future of it."""
+        if self._type is None and self.is_owner():
+            self._type = type(self.local_value())
+        if self._type is not None:
+            if blocking:
+                return self._type
+            known: Future = Future()
+            known.set_result(self._type)
+            return known
+        asked = self._agent.rpc_async(self.owner(), function_call(_type_on_owner, (self,), None), timeout)
+
+        def learnt(fut: Future) -> type:
+            self._type = fut.value()
+            return self._type
+
+        typed = asked._chain(learnt)
+        return typed.wait() if blocking else typed
+
     def _get_future(self) -> Future:
         """The future of this RRef's creation by ``remote()`` (complete for other RRefs): None,
         or the creation's error."""
         if self._creation is not None:
-            return self._creation.then(_no_value)
+            return self._creation._chain(_no_value)
         done: Future = Future()
         done.set_result(None)
         return done
@@ -142,16 +177,17 @@ class PyRRef:
     def __reduce__(self):
         context = current_send_context()
         if context is None:
-            raise RuntimeError("RRef can only be pickled while it is being sent by an RPC call")
+            raise RuntimeError("Can not pickle rref in python pickler, rref can only be pickled when using RPC")
         fork_id = self._agent.new_id()
         context.forks.append((self._owner_id, self._rref_id, fork_id))
         return (_rebuild_rref, (self._owner_id, self._rref_id, fork_id))
 
     def __repr__(self) -> str:
-        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
         (c, l), (fc, fl) = self._rref_id, self._fork_id
+        if self.is_owner():
+            return f"OwnerRRef(GloballyUniqueId(created_on={c}, local_id={l}))"
         return (
-            f"{kind}(RRefId = GloballyUniqueId(created_on={c}, local_id={l}), "
+            f"UserRRef(RRefId = GloballyUniqueId(created_on={c}, local_id={l}), "
             f"ForkId = GloballyUniqueId(created_on={fc}, local_id={fl}))"
         )
 
@@ -189,7 +225,7 @@ for _name, _impl in inspect.getmembers(PyRRef, inspect.isfunction):
     setattr(RRef, _name, new_method)
 
 
-def remote_rref(agent: PythonAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef":
+def remote_rref(agent: TensorPipeAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef":
     """Run ``call`` on ``dest`` and return an RRef to its result, kept there (``remote()``)."""
     rref_id, fork_id, creation = agent.remote(dest, call, timeout)
     rref = _make_rref(agent, dest.id, rref_id, fork_id, creation)
@@ -216,11 +252,16 @@ def _remember_inlined(func: Optional[Callable[..., Any]], inlined: bool) -> None
         pass
 
 
+def _type_on_owner(rref: "RRef") -> type:
+    """Run on the owner: the type of the RRef's value."""
+    return type(rref.local_value())
+
+
 def _no_value(creation: Future) -> None:
     creation.value()  # raises the creation's error
 
 
-def _make_rref(agent: PythonAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:
+def _make_rref(agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:
     """An RRef object holding ``fork_id``, already registered with the owner."""
     rref = RRef.__new__(RRef)
     slot = agent.owner_table.slot(rref_id) if owner_id == agent.info.id else None

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from ._agent import FunctionCall, function_call
 from .functions import run_function
+from .futures import Future
 from .worker_info import WorkerInfo
 
 # How a proxy sends: rpc_sync, rpc_async or remote, given the owner, the call and the timeout.
@@ -21,19 +22,46 @@ def _invoke_rref_method(rref: Any, method_name: str, args: tuple, kwargs: dict) 
 
 class RRefProxy:
     """Turns attribute access into a call of the value's method on the owner, sent with
-    ``send`` (the agent's rpc_sync or rpc_async, or remote)."""
+    ``send`` (the agent's rpc_sync or rpc_async, or remote).
 
-    def __init__(self, rref: Any, send: Send, timeout: float) -> None:
+    As torch's proxies, a method is looked up on the value's type first (``RRef._get_type``,
+    one round trip per RRef, then cached), so a missing one raises AttributeError naming it
+    at the call. ``blocking=False`` (rpc_async) waits for nothing: the call returns a Future
+    at once, and a missing method fails that Future."""
+
+    def __init__(self, rref: Any, send: Send, timeout: float, blocking: bool = True) -> None:
         self._rref = rref
         self._send = send
         self._timeout = timeout
+        self._blocking = blocking
 
     def __getattr__(self, method_name: str) -> Callable[..., Any]:
-        rref, send, timeout = self._rref, self._send, self._timeout
+        rref, send, timeout, blocking = self._rref, self._send, self._timeout, self._blocking
 
         def call(*args: Any, **kwargs: Any) -> Any:
             message = function_call(_invoke_rref_method, (rref, method_name, args, kwargs), None)
-            return send(rref.owner(), message, timeout)
+            if blocking or rref._type is not None:
+                getattr(rref._get_type(timeout), method_name)
+                return send(rref.owner(), message, timeout)
+            return _send_once_typed(rref._get_type(timeout, blocking=False), method_name, lambda: send(rref.owner(), message, timeout))
 
         call.__name__ = method_name
         return call
+
+
+def _send_once_typed(rref_type: Future, method_name: str, send: Callable[[], Future]) -> Future:
+    """The future of ``send()``, called once ``rref_type`` says the method exists."""
+    result: Future = Future()
+
+    def typed(fut: Future) -> None:
+        try:
+            getattr(fut.value(), method_name)
+            sent = send()
+        except BaseException as exc:
+            result.set_exception(exc)
+            return
+        sent.add_done_callback(lambda done: result._complete(done._result, done._exception))
+
+    rref_type.add_done_callback(typed)
+    result._sources = (rref_type,)
+    return result

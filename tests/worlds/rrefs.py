@@ -36,6 +36,11 @@ class Counter:
         return rpc.rpc_async(to, add, args=(by, 0)).then(lambda f: self.increment(f.wait()))
 
 
+def value_after(seconds, value):
+    time.sleep(seconds)
+    return value
+
+
 def remote_basics(rank, world_size):
     init(rank, world_size)
     out = {}
@@ -68,9 +73,14 @@ def remote_basics(rank, world_size):
         started = time.monotonic()
         out["to_here_timeout"] = error_of(lambda: rpc.remote("worker1", time.sleep, args=(3,)).to_here(timeout=0.3))
         out["to_here_timeout_took"] = time.monotonic() - started
+        # As torch's: a to_here() after the creation's timeout passed raises at once; one that
+        # started before fetches the value, which the owner still makes.
+        timed_out = rpc.remote("worker1", time.sleep, args=(3,), timeout=0.3)
+        time.sleep(0.6)
         started = time.monotonic()
-        out["creation_error_timeout"] = error_of(lambda: rpc.remote("worker1", time.sleep, args=(3,), timeout=0.3).to_here())
+        out["creation_error_timeout"] = error_of(timed_out.to_here)
         out["creation_timeout_took"] = time.monotonic() - started
+        out["to_here_during_creation_timeout"] = rpc.remote("worker1", value_after, args=(1, 32), timeout=0.3).to_here()
         out["pickle_outside_rpc"] = error_of(lambda: __import__("pickle").dumps(rref))
         out["repr"] = repr(rref)
         out["unknown"] = error_of(lambda: rpc.remote("nobody", add, args=(1, 2)))

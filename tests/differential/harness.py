@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +28,8 @@ from types import ModuleType
 from typing import Any, Callable, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from ports import free_port  # noqa: E402 - tests/ is on the path only from here
 
 # Set on every rank before any scenario runs: the RPC module and its futures module.
 rpc: Any = None
@@ -93,18 +93,8 @@ def _registry(fn: Callable[..., Any]) -> List[Scenario]:
 
 
 def port() -> int:
-    """A loopback port that was free a moment ago, below the ephemeral range (see
-    tests/conftest.free_port)."""
-    first = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    for _ in range(200):
-        candidate = random.randrange(10000, max(first, 11000))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-            return candidate
-    raise RuntimeError("no free loopback port after 200 tries")
+    """A loopback port that was free a moment ago (tests/ports.py)."""
+    return free_port()
 
 
 def options(world_port: int, **kwargs: Any) -> Any:

@@ -44,6 +44,18 @@ def test_future_exceptions():
     with pytest.raises(RuntimeError, match="error when running the callback: ZeroDivisionError") as info:
         chained.wait()
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+    class Unprintable(Exception):
+        def __str__(self):
+            raise ValueError("no text")
+
+    def raise_unprintable(_):
+        raise Unprintable()
+
+    failing = Future()
+    chained = failing.then(raise_unprintable)
+    failing.set_result(1)
+    with pytest.raises(RuntimeError, match="Unprintable: <str"):  # completes all the same
+        chained.wait()
     broken_callback = Future()
     broken_callback.add_done_callback(lambda f: 1 / 0)
     broken_callback.set_result(5)  # the callback's error is logged, not raised

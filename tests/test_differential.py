@@ -5,6 +5,7 @@ where a scenario says we differ on purpose, and why: then ours must be the one i
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 from typing import Dict, List
@@ -21,12 +22,24 @@ TORCH_PYTHON = "/usr/bin/python3"  # Debian's interpreter, which has python3-tor
 sys.path.insert(0, DIFFERENTIAL_DIR)
 
 
+# One module's run on one backend takes 5 to 70 s here.
+RUN_TIMEOUT_S = 300
+
+
 def outcomes(module: str, python: str, backend: str) -> Dict[str, str]:
-    done = subprocess.run(
-        [python, HARNESS, backend, module, str(free_port())], capture_output=True, text=True, timeout=900
+    # A session of its own: a run that overstays is ended with every process it started.
+    harness = subprocess.Popen(
+        [python, HARNESS, backend, module, str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
-    assert done.returncode == 0, f"{backend} on {module}: {done.stdout}{done.stderr[-3000:]}"
-    return dict(line.split("\t", 1) for line in done.stdout.splitlines())
+    try:
+        out, err = harness.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(harness.pid, signal.SIGKILL)
+        out, err = harness.communicate()
+        pytest.fail(f"{backend} on {module}: no end in {RUN_TIMEOUT_S} s\n{out}{err[-3000:]}")
+    assert harness.returncode == 0, f"{backend} on {module}: {out}{err[-3000:]}"
+    return dict(line.split("\t", 1) for line in out.splitlines())
 
 
 def scenarios(module: str) -> List:
@@ -38,7 +51,7 @@ def test_enough_scenarios():
     assert sum(len(scenarios(m)) for m in MODULES) >= 80
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
 @pytest.mark.parametrize("module", MODULES)
 def test_same_outcomes_as_torch(module):
     theirs = outcomes(module, TORCH_PYTHON, "torch.distributed.rpc")

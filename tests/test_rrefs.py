@@ -19,6 +19,10 @@ def test_remote_and_rref_methods():
     assert out["proxy_sync"] == 15
     assert out["proxy_async"] == 16
     assert out["proxy_remote"] == 16
+    assert out["proxy_async_in_callback"] == 42
+    exc_type, msg = out["proxy_async_missing_cached"]
+    assert exc_type is AttributeError and "missing" in msg
+    assert out["proxy_async_collected"]
     assert out["proxy_async_method"] == 116
     assert out["counter_here"] == 116
     assert out["local"] == (True, "worker0", [1, 2, 3], True, True)

@@ -8,13 +8,14 @@ called from Go.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import constants
 from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes, scratch
@@ -22,7 +23,7 @@ from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
 from .functions import Deferred, run_function
-from .futures import Future
+from .futures import Future, wait_all
 from .internal import FrameworkError, RemoteException, exception_text, deserialize, serialize
 from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
@@ -71,6 +72,30 @@ def _wait_on_go(wait: Callable[[int], bool]) -> None:
     Ctrl-C reaches Python only when the Go call returns."""
     while not wait(_SLICE_MS):
         pass
+
+
+_collecting = threading.local()
+
+
+def collect_for_wait_all(fut: Future) -> None:
+    """Hand ``fut`` to the ``api._wait_all()`` block this thread is in, if any."""
+    collected: Optional[List[Future]] = getattr(_collecting, "futures", None)
+    if collected is not None:
+        collected.append(fut)
+
+
+@contextlib.contextmanager
+def wait_all_on_exit() -> Iterator[None]:
+    """Collect the futures of rpc_async calls (and async proxy calls) made on this thread
+    inside the block, and wait for them all on its way out (``api._wait_all``)."""
+    _collecting.futures = []
+    try:
+        yield
+    finally:
+        try:
+            wait_all(_collecting.futures)
+        finally:
+            del _collecting.futures
 
 
 _current: Optional["TensorPipeAgent"] = None
@@ -481,7 +506,10 @@ class TensorPipeAgent(RpcAgent):
             go_request = self._go_agent.NextRequest(_IDLE_WAIT_MS, served)
             served = go_request.Valid()
             if served:
-                self._serve(go_request)
+                try:
+                    self._serve(go_request)
+                except Exception:  # a bug here must not end the thread that serves calls
+                    logger.exception("serving a call failed")
             elif self._go_agent.Closed():
                 return
 
@@ -551,7 +579,7 @@ class TensorPipeAgent(RpcAgent):
             for owner, rref_id, fork_id in context.forks:
                 self.add_fork(owner, rref_id, fork_id, holder=go_request.CallerID())
         except BaseException as exc:  # an unpicklable result fails the call, not the worker
-            self._reply_error(go_request, FrameworkError(f"{type(exc).__name__}: {exc}"))
+            self._reply_error(go_request, FrameworkError(f"{type(exc).__name__}: {exception_text(exc)}"))
             return
         table = SegmentTable(segments)
         try:

@@ -9,14 +9,14 @@ import numbers
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 from urllib.parse import parse_qs, urlparse
 
 from . import backend_registry, constants
-from ._agent import TensorPipeAgent, current_agent, function_call, install_agent, require_agent
+from ._agent import TensorPipeAgent, collect_for_wait_all, current_agent, function_call, install_agent, require_agent, wait_all_on_exit
 from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
 from .backend_registry import BackendType
-from .futures import Future, wait_all
+from .futures import Future
 from .options import RpcBackendOptions
 from .rref import RRef, remote_rref
 from .worker_info import WorkerInfo
@@ -173,21 +173,10 @@ def _to_worker_info(to: Destination) -> WorkerInfo:
     raise ValueError(f"Cannot get WorkerInfo from name {to}")
 
 
-_collecting = threading.local()
-
-
-@contextlib.contextmanager
-def _wait_all() -> Iterator[None]:
-    """A context manager that waits, on exit, for every future ``rpc_async`` returned on this
-    thread inside it (torch's private helper)."""
-    _collecting.futures = []
-    try:
-        yield
-    finally:
-        try:
-            wait_all(_collecting.futures)
-        finally:
-            del _collecting.futures
+def _wait_all() -> "contextlib.AbstractContextManager[None]":
+    """A context manager that waits, on exit, for every future ``rpc_async`` (or an RRef's
+    ``rpc_async()`` proxy) returned on this thread inside it (torch's private helper)."""
+    return wait_all_on_exit()
 
 
 def _wait_all_workers(timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
@@ -215,9 +204,7 @@ def rpc_async(
     agent = require_agent()
     call = function_call(func, args, kwargs)
     fut = agent.rpc_async(agent.destination(to), call, timeout)
-    collected: Optional[List[Future]] = getattr(_collecting, "futures", None)
-    if collected is not None:
-        collected.append(fut)
+    collect_for_wait_all(fut)
     return fut
 
 

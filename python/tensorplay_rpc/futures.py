@@ -7,6 +7,7 @@ import threading
 from typing import Any, Callable, Generic, List, Optional, Tuple, TypeVar
 
 from .constants import WAIT_SLICE_S
+from .internal import exception_text
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -42,8 +43,15 @@ class Future(Generic[T]):
 
     def wait(self) -> T:
         """Block until the future completes; return its value or raise its exception."""
-        for source in self._sources:
-            if not self._done:
+        waited: List["Future[Any]"] = []
+        # Read again after each wait: a source's callback may name a new one (a proxy's call,
+        # made once the value's type is known).
+        while not self._done:
+            pending = [s for s in self._sources if not any(s is w for w in waited)]
+            if not pending:
+                break
+            for source in pending:
+                waited.append(source)
                 try:
                     source.wait()
                 except Exception:  # its callbacks have run: this future carries the outcome
@@ -85,7 +93,7 @@ class Future(Generic[T]):
                 result = callback(fut)
             except BaseException as exc:  # the chained future carries it to its waiter
                 if wrap_errors:
-                    wrapped = RuntimeError(f"Got the following error when running the callback: {type(exc).__name__}: {exc}")
+                    wrapped = RuntimeError(f"Got the following error when running the callback: {type(exc).__name__}: {exception_text(exc)}")
                     wrapped.__cause__ = exc
                     exc = wrapped
                 chained._complete(None, exc)

@@ -117,12 +117,14 @@ class PyRRef:
                     f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
                     f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
                 )
-            if getattr(creation, "timed_out", False):
+            try:
+                inlined = creation.wait()  # raises a failed creation's error
+            except Exception:
+                if not getattr(creation, "timed_out", False):
+                    raise
                 # The creation's own timeout passed while this to_here() waited: as torch's, it
                 # fetches the value, which the owner still makes.
-                creation = None
             else:
-                inlined = creation.wait()  # raises a failed creation's error
                 _remember_inlined(self._made_by, inlined is not None)
                 if inlined is not None:
                     return inlined[0]

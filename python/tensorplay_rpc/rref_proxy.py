@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._agent import FunctionCall, function_call
+from ._agent import FunctionCall, collect_for_wait_all, function_call
 from .functions import run_function
 from .futures import Future
 from .worker_info import WorkerInfo
@@ -40,10 +40,21 @@ class RRefProxy:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             message = function_call(_invoke_rref_method, (rref, method_name, args, kwargs), None)
-            if blocking or rref._type is not None:
+            if blocking:
                 getattr(rref._get_type(timeout), method_name)
                 return send(rref.owner(), message, timeout)
-            return _send_once_typed(rref._get_type(timeout, blocking=False), method_name, lambda: send(rref.owner(), message, timeout))
+            if rref._type is None:
+                fut = _send_once_typed(rref._get_type(timeout, blocking=False), method_name, lambda: send(rref.owner(), message, timeout))
+            elif hasattr(rref._type, method_name):
+                fut = send(rref.owner(), message, timeout)
+            else:
+                fut = Future()
+                try:
+                    getattr(rref._type, method_name)
+                except AttributeError as exc:
+                    fut.set_exception(exc)
+            collect_for_wait_all(fut)
+            return fut
 
         call.__name__ = method_name
         return call
@@ -60,6 +71,8 @@ def _send_once_typed(rref_type: Future, method_name: str, send: Callable[[], Fut
         except BaseException as exc:
             result.set_exception(exc)
             return
+        # A thread waiting on the result collects the call's reply itself (Future.wait).
+        result._sources = (sent,)
         sent.add_done_callback(lambda done: result._complete(done._result, done._exception))
 
     rref_type.add_done_callback(typed)

@@ -215,10 +215,12 @@ def main(argv: List[str]) -> int:
         return 0
     world = getattr(module, "WORLD", 3)
     peers: List[subprocess.Popen] = []
-    if world:
-        peers = start_peers(module_name, world_port, range(1, world), world)
-        rpc.init_rpc("w0", rank=0, world_size=world, rpc_backend_options=options(world_port))
+    joined = False
     try:
+        if world:
+            peers = start_peers(module_name, world_port, range(1, world), world)
+            rpc.init_rpc("w0", rank=0, world_size=world, rpc_backend_options=options(world_port))
+            joined = True
         for s in module.SCENARIOS:
             if s.torch_hangs and backend.startswith("torch"):
                 line = "not run: torch hangs"
@@ -228,9 +230,10 @@ def main(argv: List[str]) -> int:
                 line = _run_alone(module_name, s)
             print(f"{s.name}\t{line}", flush=True)
     finally:
-        if world:
+        if joined:
             rpc.shutdown()
-        codes = end_peers(peers)
+        # Peers of a world that never formed wait for rank 0 until their own init timeout.
+        codes = end_peers(peers, WORLD_TIMEOUT_S if joined else 1.0)
     if any(codes):
         print(f"peers exited with {codes}", file=sys.stderr)
         return 1

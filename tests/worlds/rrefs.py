@@ -54,6 +54,21 @@ def remote_basics(rank, world_size):
         out["proxy_sync"] = counter.rpc_sync().increment(5)
         out["proxy_async"] = counter.rpc_async().increment(1).wait()
         out["proxy_remote"] = counter.remote().value().to_here()
+        # The first async proxy call on a fresh RRef waits for the value's type, then calls:
+        # waited for inside a callback that the thread running callbacks runs (no thread waits
+        # on the call it follows), it must still end.
+        fresh = rpc.remote("worker1", Counter, kwargs={"start": 40})
+        from_callback = rpc.Future()
+
+        def use_fresh(_):
+            from_callback.set_result(fresh.rpc_async().increment(2).wait())
+
+        rpc.rpc_async("worker1", add, args=(1, 1)).add_done_callback(use_fresh)
+        out["proxy_async_in_callback"] = from_callback.wait() if wait_until(from_callback.done, 10) else "stuck"
+        out["proxy_async_missing_cached"] = error_of(lambda: counter.rpc_async().missing().wait())
+        with rpc.api._wait_all():
+            collected = counter.rpc_async().increment(0)
+        out["proxy_async_collected"] = collected.done()
         out["proxy_async_method"] = counter.rpc_sync().increment_later("worker0", 100)
         out["counter_here"] = counter.to_here().count
         local = rpc.RRef([1, 2, 3])

@@ -3,7 +3,11 @@
 // a peer sends is untrusted: the decoder bounds every length before it allocates.
 package wire
 
-import "github.com/vmihailenco/msgpack/v5"
+import (
+	"bytes"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
 
 // FrameKind says what a Frame is for.
 type FrameKind uint8
@@ -104,9 +108,21 @@ func HelloFrame(name string, rank int) *Frame {
 	return &Frame{Kind: FrameHello, Payload: payload}
 }
 
-// Hello reads the Hello a FrameHello carries.
+// maxHelloName bounds the name a Hello may carry (a worker's name is shorter than 128
+// characters; the rules are checked by whoever reads it).
+const maxHelloName = 1024
+
+// Hello reads the Hello a FrameHello carries, by hand as the frame itself (see codec.go).
 func (f *Frame) Hello() (Hello, error) {
 	var h Hello
-	err := msgpack.Unmarshal(f.Payload, &h)
+	dec := msgpack.NewDecoder(bytes.NewReader(f.Payload))
+	if err := decodeArrayOf(dec, "hello", 2); err != nil {
+		return h, err
+	}
+	var err error
+	if h.Name, err = decodeString(dec, "worker name", maxHelloName); err != nil {
+		return h, err
+	}
+	h.Rank, err = dec.DecodeInt()
 	return h, err
 }

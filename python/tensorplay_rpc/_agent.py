@@ -107,6 +107,14 @@ def current_agent() -> Optional["TensorPipeAgent"]:
     return _current
 
 
+def current_agent_or_not_set() -> "TensorPipeAgent":
+    """This process's agent; raises torch's "agent is not set" error before init_rpc."""
+    agent = _current
+    if agent is None:
+        raise RuntimeError(constants.AGENT_NOT_SET)
+    return agent
+
+
 def require_agent() -> "TensorPipeAgent":
     """This process's agent; raises if RPC is not initialized."""
     agent = _current
@@ -373,7 +381,7 @@ class TensorPipeAgent(RpcAgent):
         return {
             "num_owner_rrefs": str(owned_values),
             "num_owner_rref_entries": str(owned_entries),
-            "num_pending_users": str(self.pending_futures()),
+            "agent.pending_callbacks": str(self.pending_futures()),
             "agent.thread_pool_size": str(len(self._threads)),
             "agent.lent_messages": str(self.lent_messages()),
             "agent.goroutines": str(self.goroutines()),

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 from urllib.parse import parse_qs, urlparse
 
 from . import backend_registry, constants
-from ._agent import TensorPipeAgent, collect_for_wait_all, current_agent, function_call, install_agent, require_agent, wait_all_on_exit
+from ._agent import TensorPipeAgent, collect_for_wait_all, current_agent, current_agent_or_not_set, function_call, install_agent, require_agent, wait_all_on_exit
 from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
 from .backend_registry import BackendType
 from .futures import Future
@@ -148,10 +148,7 @@ def _set_rpc_timeout(rpc_timeout: float) -> None:
 
 def _get_current_rpc_agent() -> TensorPipeAgent:
     """This process's agent (torch's private accessor); raises before ``init_rpc``."""
-    agent = current_agent()
-    if agent is None:
-        raise RuntimeError(constants.AGENT_NOT_SET)
-    return agent
+    return current_agent_or_not_set()
 
 
 def _is_current_rpc_agent_set() -> bool:

@@ -46,7 +46,7 @@ class Future(Generic[T]):
         waited: List["Future[Any]"] = []
         # Read again after each wait: a source's callback may name a new one (a proxy's call,
         # made once the value's type is known).
-        while not self._done:
+        while self._sources and not self._done:  # most futures have none: no list is built
             pending = [s for s in self._sources if not any(s is w for w in waited)]
             if not pending:
                 break

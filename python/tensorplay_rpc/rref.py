@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from . import constants
-from ._agent import FunctionCall, TensorPipeAgent, current_agent, function_call
+from ._agent import FunctionCall, TensorPipeAgent, current_agent, current_agent_or_not_set, function_call
 from ._owner_table import Id
 from .futures import Future
 from .internal import current_send_context
@@ -33,9 +33,7 @@ class PyRRef:
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
-        agent = current_agent()
-        if agent is None:
-            raise RuntimeError(constants.AGENT_NOT_SET)
+        agent = current_agent_or_not_set()
         me = agent.info.id
         rref_id, fork_id = agent.new_id(), agent.new_id()
         slot = agent.owner_table.creation_slot(rref_id)

@@ -340,6 +340,20 @@ func endOutcome(err error) string {
 	return "dropped"
 }
 
+// streamStatus is err, or, when a send saw io.EOF, the status the worker ended the stream
+// with: gRPC reports it only to RecvMsg (a worker that refuses a stream without the token may
+// do so before the first send).
+func streamStatus(rs grpc.ClientStream, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	var f wire.Frame
+	if recvErr := rs.RecvMsg(&f); recvErr != nil {
+		return recvErr
+	}
+	return err
+}
+
 func describe(err error) string {
 	switch {
 	case err == nil:
@@ -575,7 +589,7 @@ func (p *peer) hugeMethod(ctx context.Context) (string, string) {
 	}
 	defer closeRaw()
 	if err := rs.SendMsg(p.hello()); err != nil {
-		return endOutcome(err), "hello not sent: " + describe(err)
+		return endOutcome(streamStatus(rs, err)), "hello not sent: " + describe(err)
 	}
 	huge := &wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: strings.Repeat("m", 20*mib)}
 	sendErr := rs.SendMsg(huge)

@@ -29,9 +29,12 @@ const (
 type Config struct {
 	// Name is the worker's unique name (see ValidateName).
 	Name string
-	// Rank is the worker's id, in [0, WorldSize). Rank 0 hosts the rendezvous store.
+	// Rank is the worker's id, in [0, WorldSize) (any id not in use in a dynamic world).
+	// Rank 0 hosts the rendezvous store.
 	Rank int
-	// WorldSize is the number of workers.
+	// WorldSize is the number of workers; 0 makes a dynamic world (torch's world_size=None),
+	// which workers join and leave one at a time (see membership.go). A dynamic world's
+	// rank 0 holds its membership and must use a tcp:// or env:// InitMethod.
 	WorldSize int
 	// InitMethod locates the store: "env://" (the default; MASTER_ADDR and MASTER_PORT) or
 	// "tcp://host:port". Ignored when Store is set.
@@ -93,10 +96,14 @@ const (
 
 // Agent is one worker's RPC endpoint.
 type Agent struct {
-	self    WorkerInfo
-	workers []WorkerInfo
-	byName  map[string]int
-	peers   []*peer
+	self WorkerInfo
+	// view is the world now (world.go); worldMu orders its changes in a dynamic world.
+	view    atomic.Pointer[world]
+	worldMu sync.Mutex
+	dynamic bool   // Config.WorldSize 0: workers join and leave one at a time (membership.go)
+	epoch   uint64 // in a dynamic world, the store's version when this worker joined
+	leftMu  sync.Mutex
+	left    map[int]WorkerInfo // workers that left, by id, to name them in errors
 
 	transport   transport.Transport
 	store       rendezvous.Store
@@ -107,7 +114,6 @@ type Agent struct {
 	chunkSize          int
 	receiveBudget      *receiveBudget
 	maxServedPerCaller int
-	served             []chan struct{} // by caller rank: a slot per call of it being served
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -118,11 +124,9 @@ type Agent struct {
 	refs          *refTable
 	onRRefDropped func(wire.RRefID)
 	refFlushArmed atomic.Bool // a timer will send the queued reference operations (peer.refLog)
-	// refsApplied, by worker, is the number of the last reference operation applied from it
-	// (see applyRefOpsFrom); refSeqMu orders the application across its streams.
+	// refSeqMu orders the application of a worker's reference operations across its streams
+	// (see applyRefOpsFrom).
 	refSeqMu    sync.Mutex
-	refsApplied []atomic.Uint64
-	probing     []atomic.Bool // by worker: forgetIfGone is asking whether it is gone
 	peerTimeout time.Duration // see Config.PeerTimeout
 	outstanding atomic.Int64  // calls made and not yet completed
 	started     atomic.Int64  // calls made, ever: the shutdown barrier compares them
@@ -141,10 +145,13 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := ValidateName(cfg.Name); err != nil {
 		return nil, err
 	}
-	if cfg.WorldSize < 1 {
-		return nil, fmt.Errorf("world_size must be at least 1, got %d", cfg.WorldSize)
+	if cfg.WorldSize < 0 {
+		return nil, fmt.Errorf("world_size must be at least 1 (or 0 for a dynamic world), got %d", cfg.WorldSize)
 	}
-	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
+	if cfg.WorldSize == 0 && cfg.Rank < 0 {
+		return nil, fmt.Errorf("rank %d is negative: a worker of a dynamic world needs a rank of 0 or more", cfg.Rank)
+	}
+	if cfg.WorldSize > 0 && (cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize) {
 		return nil, fmt.Errorf("rank %d is out of range for world_size %d: ranks run from 0 to %d", cfg.Rank, cfg.WorldSize, cfg.WorldSize-1)
 	}
 	if cfg.InitTimeout <= 0 {
@@ -167,6 +174,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 	}
 	a := &Agent{
+		dynamic:   cfg.WorldSize == 0,
 		transport: cfg.Transport,
 		store:     cfg.Store,
 		log:       cfg.Logger,
@@ -225,21 +233,18 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 	// its answer arrive.
 	ctx, cancel := context.WithTimeout(ctx, cfg.InitTimeout+rendezvous.ReplySlack)
 	defer cancel()
+	if a.dynamic {
+		return a.joinDynamic(ctx)
+	}
 	workers, err := join(ctx, a.store, a.self, cfg.WorldSize, cfg.InitTimeout)
 	if err != nil {
 		return err
 	}
-	a.workers = workers
-	a.byName = make(map[string]int, len(workers))
-	a.peers = make([]*peer, len(workers))
-	a.served = make([]chan struct{}, len(workers))
-	a.refsApplied = make([]atomic.Uint64, len(workers))
-	a.probing = make([]atomic.Bool, len(workers))
+	members := make([]*member, len(workers))
 	for id, w := range workers {
-		a.byName[w.Name] = id
-		a.peers[id] = &peer{agent: a, info: w}
-		a.served[id] = make(chan struct{}, a.maxServedPerCaller)
+		members[id] = a.newMember(w, 0)
 	}
+	a.setWorld(newWorld(1, members))
 	close(a.ready)
 	return nil
 }
@@ -274,21 +279,6 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 		}
 	}
 	return host, nil
-}
-
-// Self is this worker.
-func (a *Agent) Self() WorkerInfo { return a.self }
-
-// Workers lists every worker of the world, indexed by id.
-func (a *Agent) Workers() []WorkerInfo { return append([]WorkerInfo(nil), a.workers...) }
-
-// Worker looks a worker up by name.
-func (a *Agent) Worker(name string) (WorkerInfo, bool) {
-	id, ok := a.byName[name]
-	if !ok {
-		return WorkerInfo{}, false
-	}
-	return a.workers[id], true
 }
 
 // ReceiveMemory reports the bytes of big messages being received now, reserved from the

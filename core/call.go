@@ -23,39 +23,41 @@ func (a *Agent) Call(ctx context.Context, to, method string, req Message) (Messa
 // stream to the worker breaks, and a *RemoteError when the handler fails.
 func (a *Agent) CallAsync(ctx context.Context, to, method string, req Message) *CallFuture {
 	f := newCallFuture()
-	id, ok := a.byName[to]
-	if !ok {
+	m := a.world().byName[to]
+	if m == nil {
 		f.complete(Message{}, fmt.Errorf("%w: %q is not a worker of this world", ErrUnknownWorker, to))
 		return f
 	}
-	return a.callRank(ctx, id, method, req, f)
+	return a.call(ctx, m, method, req, f)
 }
 
 // CallRank is CallAsync with the destination given by its rank (worker id).
 func (a *Agent) CallRank(ctx context.Context, to int, method string, req Message) *CallFuture {
 	f := newCallFuture()
-	if to < 0 || to >= len(a.workers) {
-		f.complete(Message{}, fmt.Errorf("%w: id %d is not a worker of this world (world size %d)", ErrUnknownWorker, to, len(a.workers)))
+	m, err := a.member(to)
+	if err != nil {
+		f.complete(Message{}, err)
 		return f
 	}
-	return a.callRank(ctx, to, method, req, f)
+	return a.call(ctx, m, method, req, f)
 }
 
-func (a *Agent) callRank(ctx context.Context, to int, method string, req Message, f *CallFuture) *CallFuture {
+func (a *Agent) call(ctx context.Context, to *member, method string, req Message, f *CallFuture) *CallFuture {
+	name := to.info.Name
 	if a.state.Load() == stateClosed {
-		f.complete(Message{}, fmt.Errorf("%w: cannot call worker %q", ErrShutdown, a.workers[to].Name))
+		f.complete(Message{}, fmt.Errorf("%w: cannot call worker %q", ErrShutdown, name))
 		return f
 	}
 	if err := ctx.Err(); err != nil {
-		f.complete(Message{}, a.contextError(ctx, a.workers[to].Name))
+		f.complete(Message{}, a.contextError(ctx, name))
 		return f
 	}
 	if len(method) > maxMethodName {
-		f.complete(Message{}, fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", a.workers[to].Name, len(method), maxMethodName))
+		f.complete(Message{}, fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", name, len(method), maxMethodName))
 		return f
 	}
 	if size := int64(req.Size()); size > a.maxMessageSize {
-		f.complete(Message{}, fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, a.workers[to].Name, size, a.maxMessageSize))
+		f.complete(Message{}, fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, name, size, a.maxMessageSize))
 		return f
 	}
 	a.outstanding.Add(1)
@@ -65,7 +67,6 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 	if dl, ok := ctx.Deadline(); ok {
 		frame.TimeoutMs = max(1, time.Until(dl).Milliseconds())
 	}
-	name := a.workers[to].Name
 
 	// The deadline watcher may fire before the call is sent or while it is pending: it takes
 	// the call out of whichever stream table holds it and fails it.
@@ -85,7 +86,7 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 		f.abortSend()
 	})
 	stopWatch.Store(&stop)
-	if to == a.self.ID {
+	if to.info.ID == a.self.ID {
 		// Both ways an own copy (Message.ownCopy), so the request's and the reply's memory are
 		// no longer read once the call returns and the reply is handed over.
 		a.dispatch(a.serveCtx, a.self, frame, req.ownCopy(), func(resp *wire.Frame, msg Message) <-chan struct{} {
@@ -98,7 +99,7 @@ func (a *Agent) callRank(ctx context.Context, to int, method string, req Message
 		})
 		return f
 	}
-	c, err := a.peers[to].connect(ctx)
+	c, err := to.peer.connect(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			err = a.contextError(ctx, name)

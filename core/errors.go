@@ -22,6 +22,9 @@ var (
 	ErrRendezvous = errors.New("rendezvous failed")
 	// ErrCanceled: the caller's context was canceled before the reply came.
 	ErrCanceled = errors.New("RPC canceled")
+	// ErrWorkerLeft: the destination left a dynamic world (or its process died and was
+	// dropped from it).
+	ErrWorkerLeft = errors.New("left the world")
 	// ErrTooLarge: a message is over the size limit.
 	ErrTooLarge = errors.New("message too large")
 )

@@ -22,7 +22,7 @@ func (a *Agent) checkIdentity(s transport.Stream, worker WorkerInfo) error {
 	id := is.Identity()
 	namesWorker := false
 	for _, n := range id.Names {
-		if _, ok := a.byName[n]; ok {
+		if _, ok := a.world().byName[n]; ok {
 			namesWorker = true
 		}
 	}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -19,6 +20,10 @@ type peer struct {
 	mu      sync.Mutex
 	conn    *peerConn     // nil until dialed, and again after the stream breaks
 	dialing chan struct{} // closed when the dial under way ends
+	left    error         // set once the worker left the world: every call fails with it
+	// broke, if set, hears that a stream to the peer broke or could not open (a dynamic
+	// world then asks whether the worker is gone).
+	broke func()
 
 	// Reference operations for RRefs the peer owns, numbered from 1 in the order they were
 	// made (wire.Frame.RefSeq). refLog holds those the peer has not acknowledged, oldest first,
@@ -111,6 +116,10 @@ type peerConn struct {
 func (p *peer) connect(ctx context.Context) (*peerConn, error) {
 	for {
 		p.mu.Lock()
+		if p.left != nil {
+			p.mu.Unlock()
+			return nil, p.left
+		}
 		if c := p.conn; c != nil {
 			p.mu.Unlock()
 			return c, nil
@@ -131,11 +140,21 @@ func (p *peer) connect(ctx context.Context) (*peerConn, error) {
 		c, err := p.dial(ctx)
 		p.mu.Lock()
 		p.dialing = nil
+		if err == nil && p.left != nil {
+			p.mu.Unlock()
+			c.fail(p.left)
+			c, err = nil, p.left
+			p.mu.Lock()
+		}
 		if err == nil {
 			p.conn = c
 		}
+		hasLeft := p.left != nil
 		p.mu.Unlock()
 		close(ch)
+		if err != nil && p.broke != nil && !hasLeft && ctx.Err() == nil {
+			p.broke()
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -242,6 +261,19 @@ func (c *peerConn) readLoop() {
 	}
 }
 
+// leave fails the peer for good with why: it left the world. Calls waiting on it fail, and so
+// does every later one, and its queued reference operations are dropped with its values.
+func (p *peer) leave(why error) {
+	p.mu.Lock()
+	p.left = why
+	c := p.conn
+	p.mu.Unlock()
+	if c != nil {
+		c.fail(why)
+	}
+	p.dropRefOps()
+}
+
 // fail marks the stream broken, fails every call waiting on it with an error naming the peer,
 // and lets the next call dial afresh.
 func (c *peerConn) fail(cause error) {
@@ -252,7 +284,9 @@ func (c *peerConn) fail(cause error) {
 	}
 	p := c.peer
 	c.broken = fmt.Errorf("%w: stream to worker %q at %s broke: %w", ErrPeerLost, p.info.Name, p.info.Addr, cause)
-	if p.agent.closing() {
+	if errors.Is(cause, ErrWorkerLeft) {
+		c.broken = cause
+	} else if p.agent.closing() {
 		c.broken = fmt.Errorf("%w: the call to worker %q was still pending", ErrShutdown, p.info.Name)
 	}
 	pending := c.pending
@@ -269,6 +303,9 @@ func (c *peerConn) fail(cause error) {
 	c.stream.Close()
 	for _, f := range pending {
 		f.complete(Message{}, c.broken)
+	}
+	if p.broke != nil && !errors.Is(cause, ErrWorkerLeft) && !p.agent.closing() {
+		p.broke()
 	}
 }
 

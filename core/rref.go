@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -111,28 +112,33 @@ func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork w
 		a.applyRefOps([]wire.RefOp{op})
 		return nil
 	}
-	if owner < 0 || owner >= len(a.peers) {
-		return fmt.Errorf("%w: RRef owner id %d", ErrUnknownWorker, owner)
+	m, err := a.member(owner)
+	if err != nil {
+		return fmt.Errorf("the RRef's owner: %w", err)
 	}
 	if a.state.Load() == stateClosed {
-		return fmt.Errorf("%w: cannot register an RRef fork with worker %q", ErrShutdown, a.workers[owner].Name)
+		return fmt.Errorf("%w: cannot register an RRef fork with worker %q", ErrShutdown, m.info.Name)
 	}
-	a.queueRefOp(owner, op)
+	a.queueRefOp(m, op)
 	return ctx.Err()
 }
 
 // ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: the
 // release travels like AddFork's registrations, after any made before.
 func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error {
-	if owner < 0 || owner >= len(a.workers) {
-		return fmt.Errorf("%w: RRef owner id %d (world size %d)", ErrUnknownWorker, owner, len(a.workers))
-	}
 	op := wire.RefOp{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID}
 	if owner == a.self.ID {
 		a.applyRefOps([]wire.RefOp{op})
 		return nil
 	}
-	a.queueRefOp(owner, op)
+	m, err := a.member(owner)
+	if errors.Is(err, ErrWorkerLeft) {
+		return nil // its values went with it
+	}
+	if err != nil {
+		return fmt.Errorf("the RRef's owner: %w", err)
+	}
+	a.queueRefOp(m, op)
 	return nil
 }
 
@@ -142,8 +148,8 @@ func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error
 // wake-up of the owner's reader for either.
 const refFlushDelay = 2 * time.Millisecond
 
-func (a *Agent) queueRefOp(owner int, op wire.RefOp) {
-	a.peers[owner].queueRefOp(op)
+func (a *Agent) queueRefOp(owner *member, op wire.RefOp) {
+	owner.peer.queueRefOp(op)
 	// A timer, not a goroutine woken at once: most operations are gone before it fires.
 	if a.refFlushArmed.CompareAndSwap(false, true) {
 		time.AfterFunc(refFlushDelay, a.flushLateRefOps)
@@ -167,10 +173,11 @@ func (a *Agent) OwnedRRefs() int { return a.refs.len() }
 // after the old one broke is skipped, and a batch that would leave a gap is refused (the
 // sender sends again everything not acknowledged). A worker can only release its own forks:
 // releases naming another holder are refused.
-func (a *Agent) applyRefOpsFrom(worker WorkerInfo, first uint64, ops []wire.RefOp) uint64 {
+func (a *Agent) applyRefOpsFrom(from *member, first uint64, ops []wire.RefOp) uint64 {
 	a.refSeqMu.Lock()
 	defer a.refSeqMu.Unlock()
-	applied := a.refsApplied[worker.ID].Load()
+	worker := from.info
+	applied := from.refsApplied.Load()
 	if len(ops) == 0 {
 		return applied
 	}
@@ -185,9 +192,10 @@ func (a *Agent) applyRefOpsFrom(worker WorkerInfo, first uint64, ops []wire.RefO
 	}
 	valid := make([]wire.RefOp, 0, len(ops))
 	refused := 0
+	members := a.world().byID
 	for _, op := range ops {
 		switch {
-		case op.Kind == wire.RefAdd && op.Holder >= 0 && op.Holder < len(a.workers),
+		case op.Kind == wire.RefAdd && members[op.Holder] != nil,
 			op.Kind == wire.RefRelease && op.Holder == worker.ID:
 			valid = append(valid, op)
 		default:
@@ -199,12 +207,9 @@ func (a *Agent) applyRefOpsFrom(worker WorkerInfo, first uint64, ops []wire.RefO
 	}
 	a.applyRefOps(valid)
 	applied += uint64(len(ops))
-	a.refsApplied[worker.ID].Store(applied)
+	from.refsApplied.Store(applied)
 	return applied
 }
-
-// refsAppliedFrom is the number of the last reference operation applied from worker.
-func (a *Agent) refsAppliedFrom(worker int) uint64 { return a.refsApplied[worker].Load() }
 
 // applyRefOps applies reference operations addressed to this worker as owner.
 func (a *Agent) applyRefOps(ops []wire.RefOp) {
@@ -218,7 +223,8 @@ func (a *Agent) applyRefOps(ops []wire.RefOp) {
 // flushRefOps sends every queued reference operation. Those for owners that cannot be reached
 // are dropped: those owners are gone, and so are their values.
 func (a *Agent) flushRefOps(ctx context.Context) {
-	for _, p := range a.peers {
+	for _, m := range a.world().byID {
+		p := m.peer
 		if !p.hasRefOps() {
 			continue
 		}

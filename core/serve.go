@@ -33,17 +33,26 @@ func (a *Agent) serveStream(s transport.Stream) {
 	if hello.Kind == wire.FrameHello {
 		said, err = hello.Hello()
 	}
-	if hello.Kind != wire.FrameHello || err != nil || said.Rank < 0 || said.Rank >= len(a.workers) || a.workers[said.Rank].Name != said.Name {
+	var from *member
+	if hello.Kind == wire.FrameHello && err == nil {
+		from = a.knownCaller(said.Rank, said.Name)
+	}
+	if from == nil {
+		if a.dynamic && hello.Kind == wire.FrameHello && err == nil {
+			// A worker that left a moment ago, telling the world: nothing is amiss.
+			a.log.Debug("tensorplay-rpc: refused a stream from a worker not in the world", "worker", a.self.Name, "from", said.Name)
+			return
+		}
 		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name, "from", streamOrigin(s))
 		return
 	}
-	if err := a.checkIdentity(s, a.workers[said.Rank]); err != nil {
+	if err := a.checkIdentity(s, from.info); err != nil {
 		a.log.Warn("tensorplay-rpc: refused a stream: "+err.Error(), "worker", a.self.Name)
 		return
 	}
-	caller = a.workers[said.Rank]
+	caller = from.info
 	// A caller whose stream ends may be gone; the RRef forks it held must not keep values.
-	defer func() { go a.forgetIfGone(caller) }()
+	defer func() { go a.forgetIfGone(from) }()
 	ctx, cancel := context.WithCancel(a.serveCtx)
 	defer cancel()
 	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
@@ -51,7 +60,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 	// Each call being served holds one of its caller's slots until its reply is sent; with
 	// none free the stream is not read, so the caller's flow control, not this worker's
 	// memory, takes up the excess.
-	slots := a.served[caller.ID] // shared by all of the caller's streams
+	slots := from.served // shared by all of the caller's streams
 	freeSlot := func() { <-slots }
 	reply := func(fr *wire.Frame, msg Message) <-chan struct{} {
 		if a.closing() {
@@ -59,7 +68,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 			return closedChan
 		}
 		// Every response acknowledges the caller's reference operations applied so far.
-		fr.RefSeq = a.refsAppliedFrom(caller.ID)
+		fr.RefSeq = from.refsApplied.Load()
 		out, err := writer.send(fr, msg, freeSlot)
 		if err != nil {
 			freeSlot()
@@ -91,7 +100,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 			// Reference operations ride on requests, ahead of them (frameWriter.send): they
 			// apply even to a request refused below.
 			if len(fr.Refs) > 0 {
-				a.applyRefOpsFrom(caller, fr.RefSeq, fr.Refs)
+				a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs)
 			}
 			// While this worker holds the stream up (no slot free, a handler pushing back), the
 			// silence is not the caller's: the receive budget must not count it against it.
@@ -112,7 +121,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 			unhold()
 		case wire.FrameRefs:
 			// They have no reply to ride on: the acknowledgement goes in a frame of its own.
-			if applied := a.applyRefOpsFrom(caller, fr.RefSeq, fr.Refs); applied > 0 {
+			if applied := a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs); applied > 0 {
 				if err := writer.sendFrame(&wire.Frame{Kind: wire.FrameRefs, RefSeq: applied}); err != nil {
 					return
 				}

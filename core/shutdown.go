@@ -24,12 +24,51 @@ func (a *Agent) Shutdown(ctx context.Context, graceful bool) error {
 	err := ErrShutdown
 	a.shutdown.Do(func() {
 		err = nil
-		if graceful {
+		switch {
+		case a.dynamic:
+			err = a.leave(ctx, graceful)
+		case graceful:
 			err = a.drain(ctx)
 		}
 		a.close()
 	})
 	return err
+}
+
+// leave is a dynamic world's shutdown: no barrier, as in torch, since the others stay. A
+// graceful one waits for this worker's own calls first. Either way the store and every member
+// hear that this worker left (a non-graceful one waits at most leaveTimeout for them).
+func (a *Agent) leave(ctx context.Context, graceful bool) error {
+	a.state.Store(stateDraining)
+	var err error
+	if graceful {
+		err = a.waitOwnCalls(ctx)
+	}
+	// The others must hear of it even if ctx ended, and a store or a peer that is gone must
+	// not hold a shutdown that has no deadline.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+	defer cancel()
+	if graceful {
+		a.flushRefOps(ctx)
+	}
+	return errors.Join(err, a.leaveDynamic(ctx))
+}
+
+// leaveTimeout bounds telling the store and the world of a leave.
+const leaveTimeout = 5 * time.Second
+
+// waitOwnCalls waits until every call this worker made has completed, or ctx ends.
+func (a *Agent) waitOwnCalls(ctx context.Context) error {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for a.outstanding.Load() > 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
+		}
+	}
+	return nil
 }
 
 // drain is graceful shutdown's barrier, in rounds: in each, a worker waits until its own
@@ -58,14 +97,8 @@ func (a *Agent) drain(ctx context.Context) error {
 // returns every worker's count of calls made (nil for a worker that is gone), or nil values
 // if the store is gone and there is no barrier left to hold.
 func (a *Agent) barrierRound(ctx context.Context, round int) ([][]byte, error) {
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for a.outstanding.Load() > 0 {
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
-		}
+	if err := a.waitOwnCalls(ctx); err != nil {
+		return nil, err
 	}
 	// Reference operations still queued go out before the barrier, so owners see them
 	// before anyone closes.
@@ -83,7 +116,7 @@ func (a *Agent) barrierRound(ctx context.Context, round int) ([][]byte, error) {
 	}
 	count := binary.BigEndian.AppendUint64(nil, uint64(a.started.Load()))
 	values, err := a.store.Gather(ctx, rendezvous.GatherRequest{
-		Round: name, Rank: a.self.ID, Size: len(a.workers), Who: fmt.Sprintf("%q", a.self.Name),
+		Round: name, Rank: a.self.ID, Size: len(a.world().sorted), Who: fmt.Sprintf("%q", a.self.Name),
 		Value: count, WaitMs: wait.Milliseconds(), FailFast: true,
 	})
 	if errors.Is(err, rendezvous.ErrStoreGone) {
@@ -94,7 +127,7 @@ func (a *Agent) barrierRound(ctx context.Context, round int) ([][]byte, error) {
 		return nil, fmt.Errorf("graceful shutdown barrier: %w", err)
 	}
 	for rank, v := range values {
-		if v == nil && rank < len(a.workers) {
+		if v == nil {
 			a.noteGone(rank, "graceful shutdown did not wait for it")
 		}
 	}
@@ -138,7 +171,7 @@ func (a *Agent) watchForGone(store rendezvous.GoneMarker, round string) (stop fu
 				return
 			case <-tick.C:
 			}
-			for _, w := range a.workers {
+			for _, w := range a.world().sorted {
 				if w.ID == a.self.ID {
 					continue
 				}
@@ -190,11 +223,12 @@ func (a *Agent) probe(w WorkerInfo, openStream bool) error {
 // will never release them. A worker that does not answer may only be cut off for a while (a
 // link down, a host too loaded to reply): it keeps its forks, and is asked again every
 // forgetProbeEvery until it answers or is gone.
-func (a *Agent) forgetIfGone(w WorkerInfo) {
-	if !a.probing[w.ID].CompareAndSwap(false, true) {
+func (a *Agent) forgetIfGone(m *member) {
+	if !m.probing.CompareAndSwap(false, true) {
 		return // already asking
 	}
-	defer a.probing[w.ID].Store(false)
+	defer m.probing.Store(false)
+	w := m.info
 	for !a.closing() {
 		err := a.probe(w, true)
 		if err == nil {
@@ -212,6 +246,15 @@ func (a *Agent) forgetIfGone(w WorkerInfo) {
 	if a.closing() {
 		return
 	}
+	if a.dynamic {
+		a.memberGone(m) // which releases its forks when it is dropped from the world
+		return
+	}
+	a.releaseForksOf(w)
+}
+
+// releaseForksOf drops the RRef forks worker w held: it is gone, and will never release them.
+func (a *Agent) releaseForksOf(w WorkerInfo) {
 	dropped := a.refs.releaseHolder(w.ID)
 	if len(dropped) > 0 {
 		a.log.Warn("tensorplay-rpc: dropped RRefs held only by a worker that is gone", "worker", w.Name, "count", len(dropped))
@@ -232,7 +275,11 @@ func (a *Agent) noteGone(rank int, why string) {
 			return
 		}
 	}
-	w := a.workers[rank]
+	m := a.world().byID[rank]
+	if m == nil {
+		return
+	}
+	w := m.info
 	a.gone = append(a.gone, w)
 	a.log.Warn(fmt.Sprintf("tensorplay-rpc: worker %q is gone: %s", w.Name, why), "worker", a.self.Name)
 }
@@ -250,19 +297,22 @@ func (a *Agent) close() {
 	// The transport goes first: handlers that see their context end must not get a reply out.
 	a.transport.Close()
 	a.stopServing()
-	for _, p := range a.peers {
-		p.mu.Lock()
-		c := p.conn
-		p.mu.Unlock()
-		if c != nil {
-			c.fail(ErrShutdown)
+	w := a.world()
+	if w != nil {
+		for _, m := range w.byID {
+			m.peer.mu.Lock()
+			c := m.peer.conn
+			m.peer.mu.Unlock()
+			if c != nil {
+				c.fail(ErrShutdown)
+			}
 		}
 	}
 	if a.storeServer != nil {
 		a.storeServer.Close()
 	}
-	if leaver, ok := a.store.(rendezvous.Leaver); ok && a.workers != nil {
-		if err := leaver.Leave(a.self.ID, len(a.workers)); err != nil {
+	if leaver, ok := a.store.(rendezvous.Leaver); ok && w != nil && !a.dynamic {
+		if err := leaver.Leave(a.self.ID, len(w.sorted)); err != nil {
 			a.log.Warn("tensorplay-rpc: leaving the store", "err", err)
 		}
 	}

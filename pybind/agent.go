@@ -2,7 +2,9 @@ package pybind
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,16 +148,18 @@ func (a *Agent) Addr() string { return a.agent.Self().Addr }
 // ID is this worker's rank.
 func (a *Agent) ID() int { return a.agent.Self().ID }
 
-// WorldSize is the number of workers.
-func (a *Agent) WorldSize() int { return len(a.agent.Workers()) }
+// WorldVersion numbers this worker's view of the world: it grows whenever a worker joins or
+// leaves a dynamic world (Python reads Members again then).
+func (a *Agent) WorldVersion() int64 { return int64(a.agent.WorldVersion()) }
 
-// WorkerName is the name of worker id, or "" if there is none.
-func (a *Agent) WorkerName(id int) string {
-	ws := a.agent.Workers()
-	if id < 0 || id >= len(ws) {
-		return ""
+// Members lists the workers of the world now, one "id name" line each, by id (names hold no
+// spaces or newlines).
+func (a *Agent) Members() string {
+	var b strings.Builder
+	for _, w := range a.agent.Workers() {
+		fmt.Fprintf(&b, "%d %s\n", w.ID, w.Name)
 	}
-	return ws[id].Name
+	return b.String()
 }
 
 // Closed reports whether the agent's shutdown is complete.

@@ -18,6 +18,7 @@ import (
 const (
 	storeService    = "tensorplay.rpc.Store"
 	storeGatherPath = "/" + storeService + "/Gather"
+	storeMemberPath = "/" + storeService + "/Member"
 	// storeGrace is how long a closing store keeps answering rounds already under way.
 	storeGrace = 3 * time.Second
 	// ReplySlack is how much longer a client waits than it asks the store to.
@@ -51,14 +52,7 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLS
 		Methods: []grpc.MethodDesc{{
 			MethodName: "Gather",
 			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (_ any, err error) {
-				// gRPC does not recover handlers' panics, and one here would end rank 0's process,
-				// its worker with it.
-				defer func() {
-					if r := recover(); r != nil {
-						slog.Error("tensorplay-rpc: recovered from a panic in the rendezvous store", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-						err = status.Error(codes.Internal, "the rendezvous store failed on this request")
-					}
-				}()
+				defer recoverStorePanic(&err)
 				var req GatherRequest
 				if err := dec(&req); err != nil {
 					return nil, err
@@ -69,10 +63,33 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLS
 				}
 				return &gatherReply{Values: values}, nil
 			},
+		}, {
+			MethodName: "Member",
+			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (_ any, err error) {
+				defer recoverStorePanic(&err)
+				var req memberRequest
+				if err := dec(&req); err != nil {
+					return nil, err
+				}
+				reply, err := serveMember(ctx, store, req)
+				if err != nil {
+					return nil, status.Error(codes.FailedPrecondition, err.Error())
+				}
+				return reply, nil
+			},
 		}},
 	}, struct{}{})
 	go srv.Serve(lis)
 	return &StoreServer{srv: srv, addr: lis.Addr().String()}, nil
+}
+
+// recoverStorePanic turns a panic of a store handler into an error: gRPC does not recover
+// handlers' panics, and one would end rank 0's process, its worker with it.
+func recoverStorePanic(err *error) {
+	if r := recover(); r != nil {
+		slog.Error("tensorplay-rpc: recovered from a panic in the rendezvous store", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		*err = status.Error(codes.Internal, "the rendezvous store failed on this request")
+	}
 }
 
 // StoreServer is a MemStore served over gRPC.
@@ -162,6 +179,55 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 		return nil, fmt.Errorf("round %q: could not reach the rendezvous store at %s in time (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): %s", req.Round, s.addr, st.Message())
 	default:
 		return nil, fmt.Errorf("round %q: rendezvous store at %s: %s", req.Round, s.addr, st.Message())
+	}
+}
+
+// JoinMembers implements MemberStore.
+func (s *RemoteStore) JoinMembers(ctx context.Context, m Member) (Membership, error) {
+	reply, err := s.member(ctx, memberRequest{Op: "join", Member: m})
+	if err == nil && reply.Taken != nil {
+		return Membership{}, &TakenError{Holder: *reply.Taken, ByName: reply.TakenName}
+	}
+	return reply.Membership, err
+}
+
+// LeaveMembers implements MemberStore.
+func (s *RemoteStore) LeaveMembers(ctx context.Context, rank int, epoch uint64) (Membership, bool, error) {
+	reply, err := s.member(ctx, memberRequest{Op: "leave", Member: Member{Rank: rank, Epoch: epoch}})
+	return reply.Membership, reply.Removed, err
+}
+
+// Members implements MemberStore.
+func (s *RemoteStore) Members(ctx context.Context) (Membership, error) {
+	reply, err := s.member(ctx, memberRequest{Op: "list"})
+	return reply.Membership, err
+}
+
+// member makes one member request, retrying while the store cannot be reached until ctx ends
+// (a joiner may start before rank 0 does; every operation may be repeated safely).
+func (s *RemoteStore) member(ctx context.Context, req memberRequest) (memberReply, error) {
+	var reply memberReply
+	for {
+		err := s.cc.Invoke(ctx, storeMemberPath, &req, &reply, grpc.WaitForReady(true))
+		if err == nil {
+			return reply, nil
+		}
+		st := status.Convert(err)
+		switch {
+		case st.Code() == codes.Unavailable && ctx.Err() == nil:
+		case st.Code() == codes.Unauthenticated:
+			return reply, fmt.Errorf("the rendezvous store at %s refused this worker: %s", s.addr, st.Message())
+		case st.Code() == codes.FailedPrecondition:
+			return reply, errors.New(st.Message())
+		case ctx.Err() != nil:
+			return reply, fmt.Errorf("%w: the rendezvous store at %s did not answer in time (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): %s", ErrStoreGone, s.addr, st.Message())
+		default:
+			return reply, fmt.Errorf("rendezvous store at %s: %s", s.addr, st.Message())
+		}
+		select {
+		case <-time.After(gatherRetryPause):
+		case <-ctx.Done():
+		}
 	}
 }
 

@@ -52,6 +52,8 @@ type MemStore struct {
 	// MaxShutdownRounds+2 rounds of world-size records), so a participant whose reply was lost
 	// can ask again.
 	completed map[string]*gatherRound
+
+	members memberTable // a dynamic world's (worldSize 0); see members.go
 }
 
 type gatherRound struct {
@@ -66,7 +68,7 @@ type gatherRound struct {
 }
 
 // NewMemStore returns an empty store for a world of worldSize workers; it refuses requests
-// for any other size.
+// for any other size. A worldSize of 0 makes the store of a dynamic world (MemberStore).
 func NewMemStore(worldSize int) *MemStore {
 	return &MemStore{
 		worldSize: worldSize,

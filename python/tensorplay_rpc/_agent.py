@@ -296,7 +296,6 @@ class RpcAgent:
     one this package has. ``_get_current_rpc_agent()`` returns this process's."""
 
     info: WorkerInfo
-    workers: List[WorkerInfo]
 
     def get_worker_info(self, worker: "Optional[str | int]" = None) -> WorkerInfo:
         """The WorkerInfo of this worker, or of the worker of that name or id."""
@@ -317,17 +316,22 @@ class RpcAgent:
                 raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination name {to}")
             return found
         if isinstance(to, int):
-            if not 0 <= to < len(self.workers):
+            found = self.worker_by_id(int(to))
+            if found is None:
                 raise RuntimeError(f"name:{me.name},rank:{me.id} could not find destination id {int(to)}")
-            return self.workers[to]
+            return found
         raise ValueError(f"Cannot get WorkerInfo from name {to}")
 
     def get_worker_infos(self) -> List[WorkerInfo]:
-        """The WorkerInfo of every worker of the world."""
-        return list(self.workers)
+        """The WorkerInfo of every worker of the world now, by id."""
+        raise NotImplementedError
 
     def worker(self, name: str) -> Optional[WorkerInfo]:
         """The worker called ``name``, or None."""
+        raise NotImplementedError
+
+    def worker_by_id(self, worker_id: int) -> Optional[WorkerInfo]:
+        """The worker of that id, or None."""
         raise NotImplementedError
 
     def get_debug_info(self) -> Dict[str, str]:
@@ -338,16 +342,18 @@ class RpcAgent:
 class TensorPipeAgent(RpcAgent):
     """One worker's agent: owns the Go agent and the Python threads around it."""
 
-    def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float) -> None:
+    def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float, is_static_group: bool = True) -> None:
         self._go_agent = go_agent
         self.rpc_timeout = rpc_timeout
         self.owner_table = OwnerTable()
         self.running = True
+        #: False for a dynamic world (``init_rpc(world_size=None)``), as torch's attribute.
+        self.is_static_group = is_static_group
         self.info = WorkerInfo(go_agent.Name(), go_agent.ID())
-        self.workers: List[WorkerInfo] = [
-            WorkerInfo(go_agent.WorkerName(i), i) for i in range(go_agent.WorldSize())
-        ]
-        self._by_name: Dict[str, WorkerInfo] = {w.name: w for w in self.workers}
+        self._world_version = -1
+        self._by_id: Dict[int, WorkerInfo] = {}
+        self._by_name: Dict[str, WorkerInfo] = {}
+        self._load_world()
         self._handlers: Dict[str, Callable[..., Any]] = {
             _CALL: run_function,
             _REMOTE: self._run_remote,
@@ -371,9 +377,38 @@ class TensorPipeAgent(RpcAgent):
 
     # -- naming ---------------------------------------------------------------------------
 
+    def _load_world(self) -> None:
+        """Read the world from Go if it changed since last read (only a dynamic world's
+        does); the maps are replaced whole, so readers on other threads see one or the
+        other."""
+        version = self._go_agent.WorldVersion()
+        if version == self._world_version:
+            return
+        by_id: Dict[int, WorkerInfo] = {}
+        for line in self._go_agent.Members().splitlines():
+            worker_id, name = line.split(" ", 1)
+            by_id[int(worker_id)] = WorkerInfo(name, int(worker_id))
+        self._by_id, self._by_name = by_id, {w.name: w for w in by_id.values()}
+        self._world_version = version
+
+    def _world(self) -> Dict[int, WorkerInfo]:
+        if not self.is_static_group:
+            self._load_world()
+        return self._by_id
+
     def worker(self, name: str) -> Optional[WorkerInfo]:
         """The worker called ``name``, or None."""
+        self._world()
         return self._by_name.get(name)
+
+    def worker_by_id(self, worker_id: int) -> Optional[WorkerInfo]:
+        """The worker of that id, or None."""
+        return self._world().get(worker_id)
+
+    def get_worker_infos(self) -> List[WorkerInfo]:
+        """The WorkerInfo of every worker of the world now, by id (a dynamic world's change
+        as workers join and leave)."""
+        return list(self._world().values())
 
     def get_debug_info(self) -> Dict[str, str]:
         """Counters of this agent, by name, as strings (torch's keys where they mean the same)."""
@@ -664,4 +699,4 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
     except BaseException:
         starter.Cancel()
         raise
-    return TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout)
+    return TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout, is_static_group=world_size > 0)

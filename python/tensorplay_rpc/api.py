@@ -34,20 +34,23 @@ def _env_rendezvous_error(var: str) -> ValueError:
     )
 
 
+# The world size the Go agent takes for a dynamic world (torch's world_size=None).
+DYNAMIC_WORLD = 0
+
+
 def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> Tuple[str, int, int]:
     """Fill in rank and world_size as torch's rendezvous does: from the environment for
-    ``env://``, from the URL's query for ``tcp://`` and ``file://``. Returns the store URL
-    the Go agent uses too: the Go runtime sees only the environment the process started with,
-    not later changes to ``os.environ``, so ``env://`` is resolved here."""
+    ``env://``, from the URL's query for ``tcp://`` and ``file://``; a world size found
+    nowhere makes a dynamic world (``DYNAMIC_WORLD``). Returns the store URL the Go agent uses
+    too: the Go runtime sees only the environment the process started with, not later changes
+    to ``os.environ``, so ``env://`` is resolved here."""
     url = urlparse(init_method)
     if url.scheme == "env":
         if rank == -1:
             if "RANK" not in os.environ:
                 raise _env_rendezvous_error("RANK")
             rank = int(os.environ["RANK"])
-        if world_size is None:
-            if "WORLD_SIZE" not in os.environ:
-                raise _env_rendezvous_error("WORLD_SIZE")
+        if world_size is None and "WORLD_SIZE" in os.environ:
             world_size = int(os.environ["WORLD_SIZE"])
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if not os.environ.get(var):
@@ -67,11 +70,18 @@ def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> 
         store = url._replace(query="").geturl()
     else:
         raise ValueError(f"init_method {init_method!r} is not supported: use env://, tcp://host:port or file:///path")
-    if world_size is None:
-        raise ValueError("world_size must be given (dynamic world membership is not supported)")
     # As torch's rendezvous: a rank of 1.7 is refused, not rounded.
     if not isinstance(rank, numbers.Integral):
         raise RuntimeError(f"`rank` must be an integer. {rank}")
+    if world_size is None:
+        if url.scheme == "file":
+            raise ValueError(
+                f"a dynamic world (world_size=None) needs a tcp:// or env:// init_method, whose rank 0 "
+                f"holds the membership; {init_method} names a file"
+            )
+        if rank < 0:
+            raise ValueError(f"rank must be 0 or more, got {rank}")
+        return store, int(rank), DYNAMIC_WORLD
     if not isinstance(world_size, numbers.Integral):
         raise RuntimeError(f"`world_size` must be an integer. {world_size}")
     return store, int(rank), int(world_size)
@@ -89,8 +99,13 @@ def init_rpc(
     Args:
         name: this worker's unique name (letters, digits, ``_``, ``-`` and ``:``).
         backend: a member of :class:`BackendType`; TENSORPIPE by default.
-        rank: this worker's rank, from 0 to ``world_size - 1`` (default: ``$RANK``).
-        world_size: number of workers (default: ``$WORLD_SIZE``).
+        rank: this worker's rank, from 0 to ``world_size - 1`` (default: ``$RANK``); in a
+            dynamic world any rank no member holds.
+        world_size: number of workers (default: ``$WORLD_SIZE``, or the ``world_size`` of a
+            ``tcp://`` URL's query). None with neither makes a dynamic world, as torch's:
+            workers join one at a time and leave with :func:`shutdown`, which then waits for
+            this worker's own calls only. Its rank 0 holds the membership (a ``tcp://`` or
+            ``env://`` init_method) and should leave last.
         rpc_backend_options: the backend's options, e.g. :class:`TensorPipeRpcBackendOptions`.
     """
     if backend is not None and not isinstance(backend, BackendType):
@@ -113,7 +128,7 @@ def init_rpc(
         )
         install_agent(agent)
         agent.start()
-    logger.debug("RPC agent %s joined a world of %d", name, world_size)
+    logger.debug("RPC agent %s joined a world of %s", name, world_size or "dynamic membership")
 
 
 def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_TIMEOUT) -> None:
@@ -122,7 +137,8 @@ def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_
     A graceful shutdown is a barrier: it returns once every worker has called shutdown and no
     calls are in flight anywhere (waiting at most ``timeout`` seconds if positive). A
     non-graceful one returns at once and fails this worker's pending calls. Afterwards every
-    call raises.
+    call raises. In a dynamic world (``world_size=None``) there is no barrier: this worker
+    waits for its own calls (if graceful), then leaves, and every other worker hears of it.
     """
     agent = require_agent()
     try:
@@ -285,7 +301,7 @@ def _all_gather(obj: Any, worker_names: Optional[Set[str]] = None, timeout: floa
     one of them gets the same dict of worker name to object. The worker whose name sorts first
     leads."""
     agent = require_agent()
-    names = set(worker_names) if worker_names else {w.name for w in agent.workers}
+    names = set(worker_names) if worker_names else {w.name for w in agent.get_worker_infos()}
     me = agent.info.name
     if me not in names:
         raise ValueError(f"worker {me} is not among the workers of the all-gather: {sorted(names)}")

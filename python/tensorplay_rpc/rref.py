@@ -29,7 +29,7 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_owner", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
@@ -46,6 +46,10 @@ class PyRRef:
         self._type: Optional[type] = None  # the value's type, once _get_type has learnt it
         self._agent = agent
         self._owner_id = owner_id
+        owner = agent.worker_by_id(owner_id)
+        if owner is None:
+            raise RuntimeError(f"the RRef's owner, worker id {owner_id}, is not in the world (it left)")
+        self._owner = owner
         self._rref_id = rref_id
         self._fork_id = fork_id
         self._slot = slot
@@ -61,8 +65,8 @@ class PyRRef:
         return self._owner_id == self._agent.info.id
 
     def owner(self) -> WorkerInfo:
-        """The owner's :class:`WorkerInfo`."""
-        return self._agent.workers[self._owner_id]
+        """The owner's :class:`WorkerInfo` (known even once it left a dynamic world)."""
+        return self._owner
 
     def owner_name(self) -> str:
         """The owner's name."""
@@ -275,7 +279,7 @@ def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id) -> RRef:
     if agent is None:
         raise RuntimeError("an RRef can only be unpickled on an initialized RPC worker")
     # The ids come from a peer: check them before Go or the owner table ever sees them.
-    if type(owner_id) is not int or not 0 <= owner_id < len(agent.workers):
+    if type(owner_id) is not int or agent.worker_by_id(owner_id) is None:
         raise ValueError(f"an RRef arrived naming owner {owner_id!r}, which is not a worker of this world")
     for what, id_ in (("RRef", rref_id), ("fork", fork_id)):
         if not (isinstance(id_, (tuple, list)) and len(id_) == 2 and all(type(x) is int and -(1 << 63) <= x < 1 << 63 for x in id_)):

@@ -1,0 +1,140 @@
+"""Dynamic membership (issue 12): init_rpc(world_size=None) worlds that workers join and
+leave one at a time, checked against torch where torch supports it, and under churn: many
+joins and leaves in random order, and a worker killed, while two workers keep calling
+everyone present."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import pytest
+
+from conftest import end_processes, free_port
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+SEQUENCE = os.path.join(TESTS_DIR, "differential", "dynamic_world.py")
+CHURN = os.path.join(TESTS_DIR, "dynamic_churn.py")
+TORCH_PYTHON = "/usr/bin/python3"  # Debian's interpreter, which has python3-torch
+WORLD_TIMEOUT_S = 120
+
+
+def run_sequence(python: str, backend: str, tmp: str) -> Dict[int, List[str]]:
+    """Run dynamic_world.py's three workers on one backend; each one's printed lines."""
+    sync = os.path.join(tmp, backend)
+    os.makedirs(sync)
+    port = free_port()
+    procs = [
+        subprocess.Popen([python, SEQUENCE, backend, str(rank), str(port), sync],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(3)
+    ]
+    try:
+        outs = {}
+        deadline = time.monotonic() + WORLD_TIMEOUT_S
+        for rank, p in enumerate(procs):
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            assert p.returncode == 0, f"{backend} w{rank} ended with {p.returncode}:\n{out}\n{err[-3000:]}"
+            outs[rank] = out.splitlines()
+        return outs
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{backend}: the dynamic world did not end in {WORLD_TIMEOUT_S} s")
+    finally:
+        end_processes(procs)
+
+
+@pytest.mark.timeout(2 * WORLD_TIMEOUT_S + 30)
+def test_joins_and_leaves_as_torch(tmp_path):
+    theirs = run_sequence(TORCH_PYTHON, "torch.distributed.rpc", str(tmp_path))
+    ours = run_sequence(sys.executable, "tensorplay_rpc", str(tmp_path))
+    assert ours == theirs
+    # What the comparison covers, so it cannot pass on two empty runs.
+    assert "sees after w1 left: [('w0', 0), ('w2', 2)]" in ours[0]
+    assert "calls 1: RuntimeError: name:w0,rank:0 could not find destination id 1" in ours[0]
+
+
+def start_churn(python: str, role: str, *args: str) -> subprocess.Popen:
+    log = open(os.path.join(args[2], f"{role}-{args[0]}-{time.monotonic_ns()}.log"), "w")
+    return subprocess.Popen([python, CHURN, role, *args], stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_file(path: str, timeout: float, ok=lambda value: True) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                value = json.load(f)
+            if ok(value):
+                return value
+        time.sleep(0.05)
+    pytest.fail(f"{os.path.basename(path)}: not there (or not as expected) after {timeout} s")
+
+
+def logs(sync: str) -> str:
+    text = []
+    for name in sorted(os.listdir(sync)):
+        if name.endswith(".log"):
+            with open(os.path.join(sync, name)) as f:
+                text.append(f"--- {name}\n{f.read()[-2000:]}")
+    return "\n".join(text)
+
+
+CHURNERS = 4
+CYCLES = 12  # each: 4 × 12, plus the killed worker's join and its successor's 2: 51 in all
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+def test_churn_while_two_workers_keep_calling(tmp_path):
+    sync, port = str(tmp_path), str(free_port())
+    procs = []
+    try:
+        procs += [start_churn(sys.executable, "anchor", str(rank), port, sync) for rank in (0, 1)]
+        for rank in (0, 1):
+            wait_file(os.path.join(sync, f"joined{rank}"), 60)
+        churners = [start_churn(sys.executable, "churner", str(i), port, sync, str(100 + i), str(CYCLES)) for i in range(CHURNERS)]
+        doomed = start_churn(sys.executable, "churner", "9", port, sync, "900", "1", "stay")
+        procs += churners + [doomed]
+
+        # Killed while in the world, c9 must be dropped from it (nobody told of its death).
+        wait_file(os.path.join(sync, "c9_staying"), 60)
+        wait_file(os.path.join(sync, "view0"), 10, lambda view: "c9" in view)
+        doomed.kill()
+        for rank in (0, 1):
+            wait_file(os.path.join(sync, f"view{rank}"), 15, lambda view: "c9" not in view)
+        successor = start_churn(sys.executable, "churner", "9", port, sync, "901", "2")
+        procs.append(successor)
+
+        for p in churners + [successor]:
+            assert p.wait(timeout=WORLD_TIMEOUT_S) == 0, logs(sync)
+        open(os.path.join(sync, "churn_over"), "w").close()
+        anchors = [wait_file(os.path.join(sync, f"anchor{rank}"), 30) for rank in (0, 1)]
+        for p in procs[:2]:
+            assert p.wait(timeout=30) == 0, logs(sync)
+    finally:
+        end_processes(procs)
+
+    for rank, report in enumerate(anchors):
+        other = f"anchor{1 - rank}"
+        assert report["final"] == ["anchor0", "anchor1"], report
+        # The other anchor never failed; a churner's failures all name it (it was leaving).
+        assert not [f for f in report["failures"] if f[0] == other], report["failures"]
+        unnamed = [f for f in report["failures"] if f[0] not in f[1]]
+        assert not unnamed, unnamed
+        assert {f"c{i}" for i in range(CHURNERS)} <= set(report["seen"]), report["seen"]
+        assert report["calls"] > 100, report
+    joins = 0
+    for i in range(CHURNERS):
+        with open(os.path.join(sync, f"c{i}.{100 + i}")) as f:
+            cycles = json.load(f)
+        assert len(cycles) == CYCLES
+        joins += len(cycles)
+        for cycle in cycles:
+            # A joiner sees both anchors at once, and reaches them.
+            assert {"anchor0", "anchor1", f"c{i}"} <= set(cycle["sees"]), cycle
+            anchor_calls = [c for c in cycle["calls"] if c[0].startswith("anchor")]
+            assert anchor_calls == [["anchor0", "ok"], ["anchor1", "ok"]], cycle
+    with open(os.path.join(sync, "c9.901")) as f:
+        joins += len(json.load(f)) + 1
+    assert joins >= 50

@@ -149,3 +149,33 @@ func ExampleConfig_transports() {
 	// over gRPC <nil>
 	// true false
 }
+
+// A dynamic world (WorldSize 0, torch's world_size=None): workers join one at a time and leave
+// with Shutdown, and every agent's Workers follows. Real programs run one agent per process
+// with InitMethod "tcp://host:port"; rank 0 serves the membership there.
+func ExampleStart_dynamic() {
+	store, network := rendezvous.NewMemStore(0), transport.NewInmemNetwork()
+	join := func(name string, rank int) *core.Agent {
+		a, err := core.Start(context.Background(), core.Config{
+			Name: name, Rank: rank, Store: store, Transport: network.Transport(),
+		})
+		if err != nil {
+			panic(err)
+		}
+		return a
+	}
+	trainer := join("trainer", 0)
+	defer trainer.Shutdown(context.Background(), true)
+	fmt.Println(trainer.Workers())
+
+	actor := join("actor-7", 7)
+	fmt.Println(trainer.Workers())
+
+	actor.Shutdown(context.Background(), true) // leaves: no barrier with the others
+	_, err := trainer.CallRank(context.Background(), 7, "act", core.Message{}).Result()
+	fmt.Println(trainer.Workers(), err)
+	// Output:
+	// [WorkerInfo(id=0, name=trainer)]
+	// [WorkerInfo(id=0, name=trainer) WorkerInfo(id=7, name=actor-7)]
+	// [WorkerInfo(id=0, name=trainer)] worker "actor-7" (id 7) left the world
+}

@@ -95,6 +95,17 @@ func (a *Agent) Worker(name string) (WorkerInfo, bool) {
 	return m.info, true
 }
 
+// MemberEpoch identifies the member of that id now: the store's version when it joined a
+// dynamic world (0 in a static one), or -1 if no worker of that id is in the world. A worker
+// that left and joined again has a new epoch.
+func (a *Agent) MemberEpoch(id int) int64 {
+	m := a.world().byID[id]
+	if m == nil {
+		return -1
+	}
+	return int64(m.epoch)
+}
+
 // WorldVersion numbers this agent's view of the world: it grows whenever a worker joins or
 // leaves a dynamic world, and never changes in a static one.
 func (a *Agent) WorldVersion() uint64 { return a.world().change }

@@ -152,6 +152,10 @@ func (a *Agent) ID() int { return a.agent.Self().ID }
 // leaves a dynamic world (Python reads Members again then).
 func (a *Agent) WorldVersion() int64 { return int64(a.agent.WorldVersion()) }
 
+// MemberEpoch identifies the member of that id now (core.Agent.MemberEpoch): -1 if none,
+// and another value once it left and joined again.
+func (a *Agent) MemberEpoch(id int) int64 { return a.agent.MemberEpoch(id) }
+
 // Members lists the workers of the world now, one "id name" line each, by id (names hold no
 // spaces or newlines).
 func (a *Agent) Members() string {

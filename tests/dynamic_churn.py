@@ -84,6 +84,7 @@ def anchor() -> None:
     while present() != ["anchor0", "anchor1"] and time.monotonic() < settle:
         time.sleep(0.05)
     write(f"anchor{INDEX}", {"calls": calls, "failures": failures, "seen": sorted(seen), "final": present()})
+    wait_for(f"anchor{1 - INDEX}")  # neither leaves before both have looked
     if INDEX == 1:
         rpc.shutdown()
         write("anchor1_left", True)

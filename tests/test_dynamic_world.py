@@ -138,3 +138,26 @@ def test_churn_while_two_workers_keep_calling(tmp_path):
     with open(os.path.join(sync, "c9.901")) as f:
         joins += len(json.load(f)) + 1
     assert joins >= 50
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 30)
+def test_rrefs_of_an_owner_that_left_fail_naming_it(tmp_path):
+    sync, port = str(tmp_path), str(free_port())
+    script = os.path.join(TESTS_DIR, "dynamic_rrefs.py")
+    procs = [subprocess.Popen([sys.executable, script, str(rank), port, sync], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=WORLD_TIMEOUT_S)
+            assert p.returncode == 0, out
+    finally:
+        end_processes(procs)
+    with open(os.path.join(sync, "report")) as f:
+        report = json.load(f)
+    assert report["before"] == 1000 and report["owner"] == "w1"
+    gone = "RuntimeError: the owner of this RRef, worker w1 (id 1), left the world"
+    # At once, not after a timeout; and still so once another w1 joined under its id.
+    for use in ("to_here", "proxy", "pass_on", "to_here_again"):
+        assert report[use].startswith(gone) and report[use].endswith("[0.0 s]"), (use, report[use])
+    assert report["call_again"].startswith("2 ")
+    # Dropping the RRef sent the new w1 nothing to keep.
+    assert report["owned_on_new_w1"] == "0"

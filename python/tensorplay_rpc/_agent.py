@@ -410,6 +410,11 @@ class TensorPipeAgent(RpcAgent):
         as workers join and leave)."""
         return list(self._world().values())
 
+    def member_epoch(self, worker_id: int) -> int:
+        """Identifies the worker of that id now: -1 if there is none, another value once it
+        left a dynamic world and joined again (0 throughout a static world)."""
+        return 0 if self.is_static_group else self._go_agent.MemberEpoch(worker_id)
+
     def get_debug_info(self) -> Dict[str, str]:
         """Counters of this agent, by name, as strings (torch's keys where they mean the same)."""
         owned_values, owned_entries = self.owned_rref_count()

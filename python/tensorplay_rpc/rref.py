@@ -29,7 +29,7 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_owner", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
@@ -44,12 +44,13 @@ class PyRRef:
     def _bind(self, agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
         self._made_by: Optional[Callable[..., Any]] = None  # the function remote() ran, if known
         self._type: Optional[type] = None  # the value's type, once _get_type has learnt it
-        self._agent = agent
-        self._owner_id = owner_id
         owner = agent.worker_by_id(owner_id)
         if owner is None:
             raise RuntimeError(f"the RRef's owner, worker id {owner_id}, is not in the world (it left)")
         self._owner = owner
+        self._owner_epoch = agent.member_epoch(owner_id)
+        self._agent = agent  # last: __del__ releases the fork once it is set
+        self._owner_id = owner_id
         self._rref_id = rref_id
         self._fork_id = fork_id
         self._slot = slot
@@ -57,7 +58,8 @@ class PyRRef:
 
     def __del__(self) -> None:
         agent = getattr(self, "_agent", None)
-        if agent is not None and agent.running:
+        # Not to an owner that left: a worker that joined under its id since holds no fork.
+        if agent is not None and agent.running and agent.member_epoch(self._owner_id) == self._owner_epoch:
             agent.release_fork(self._owner_id, self._rref_id, self._fork_id)
 
     def is_owner(self) -> bool:
@@ -66,6 +68,14 @@ class PyRRef:
 
     def owner(self) -> WorkerInfo:
         """The owner's :class:`WorkerInfo` (known even once it left a dynamic world)."""
+        return self._owner
+
+    def _owner_to_call(self) -> WorkerInfo:
+        """The owner, to send it a call about this RRef; raises if it left a dynamic world
+        (even if a worker of its name and id joined since: the value went with the one that
+        left)."""
+        if self._agent.member_epoch(self._owner_id) != self._owner_epoch:
+            raise RuntimeError(f"the owner of this RRef, worker {self._owner.name} (id {self._owner_id}), left the world, and its value with it")
         return self._owner
 
     def owner_name(self) -> str:
@@ -112,7 +122,7 @@ class PyRRef:
         # two round trips overlap.
         fetch = None
         if creation is None or not _came_inlined(self._made_by):
-            fetch = self._agent.fetch(self.owner(), self._rref_id, timeout)
+            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, timeout)
         if creation is not None:
             if not creation.wait_for(timeout if timeout > 0 else None):
                 raise RuntimeError(
@@ -132,7 +142,7 @@ class PyRRef:
                     return inlined[0]
         if fetch is None:
             left = max(1e-3, timeout - (time.monotonic() - started)) if timeout > 0 else timeout
-            fetch = self._agent.fetch(self.owner(), self._rref_id, left)
+            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, left)
         return fetch.wait()
 
     def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
@@ -160,7 +170,7 @@ class PyRRef:
             known: Future = Future()
             known.set_result(self._type)
             return known
-        asked = self._agent.rpc_async(self.owner(), function_call(_type_on_owner, (self,), None), timeout)
+        asked = self._agent.rpc_async(self._owner_to_call(), function_call(_type_on_owner, (self,), None), timeout)
 
         def learnt(fut: Future) -> type:
             self._type = fut.value()
@@ -182,6 +192,7 @@ class PyRRef:
         context = current_send_context()
         if context is None:
             raise RuntimeError("Can not pickle rref in python pickler, rref can only be pickled when using RPC")
+        self._owner_to_call()  # a fork of a value that left with its owner is no RRef
         fork_id = self._agent.new_id()
         context.forks.append((self._owner_id, self._rref_id, fork_id))
         return (_rebuild_rref, (self._owner_id, self._rref_id, fork_id))

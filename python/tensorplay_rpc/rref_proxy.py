@@ -42,11 +42,11 @@ class RRefProxy:
             message = function_call(_invoke_rref_method, (rref, method_name, args, kwargs), None)
             if blocking:
                 getattr(rref._get_type(timeout), method_name)
-                return send(rref.owner(), message, timeout)
+                return send(rref._owner_to_call(), message, timeout)
             if rref._type is None:
-                fut = _send_once_typed(rref._get_type(timeout, blocking=False), method_name, lambda: send(rref.owner(), message, timeout))
+                fut = _send_once_typed(rref._get_type(timeout, blocking=False), method_name, lambda: send(rref._owner_to_call(), message, timeout))
             elif hasattr(rref._type, method_name):
-                fut = send(rref.owner(), message, timeout)
+                fut = send(rref._owner_to_call(), message, timeout)
             else:
                 fut = Future()
                 try:

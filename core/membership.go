@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -64,7 +66,8 @@ func (a *Agent) joinDynamic(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	record, err := msgpack.Marshal(&a.self)
+	// The nonce tells this process's join from a dead one's that had the same address.
+	record, err := msgpack.Marshal(&memberRecord{Info: a.self, Nonce: rand.Uint64()})
 	if err != nil {
 		return err
 	}
@@ -101,21 +104,18 @@ func (a *Agent) joinDynamic(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ErrRendezvous, err)
 	}
 	a.worldMu.Lock()
-	err = a.applyMembership(ms)
+	a.applyMembership(ms)
 	a.worldMu.Unlock()
-	if err != nil {
-		return err
-	}
 	me := a.world().byID[a.self.ID]
 	if me == nil || me.info != a.self {
 		return fmt.Errorf("%w: the store's membership does not hold this worker after it joined", ErrRendezvous)
 	}
 	a.epoch = me.epoch
-	close(a.ready)
 	// RRef ids count from the epoch, so those of an earlier member of the same rank, which
 	// may still be referenced, are never made again.
 	a.nextLocalID.Store(int64(a.epoch) << 32)
 	a.Register(memberMethod, HandlerFunc(a.serveMembership))
+	close(a.ready)
 	a.notifyMembers(ctx, ms.Version)
 	if a.storeServer != nil {
 		go a.watchMembers()
@@ -123,12 +123,19 @@ func (a *Agent) joinDynamic(ctx context.Context) error {
 	return nil
 }
 
+// memberRecord is what a worker of a dynamic world publishes in the store.
+type memberRecord struct {
+	Info  WorkerInfo `msgpack:"info"`
+	Nonce uint64     `msgpack:"nonce"`
+}
+
 // decodeMember reads a member's record from the store.
 func decodeMember(m rendezvous.Member) (*member, error) {
-	var info WorkerInfo
-	if err := msgpack.Unmarshal(m.Value, &info); err != nil {
+	var rec memberRecord
+	if err := msgpack.Unmarshal(m.Value, &rec); err != nil {
 		return nil, fmt.Errorf("%w: member %q has a bad record: %w", ErrRendezvous, m.Name, err)
 	}
+	info := rec.Info
 	if info.ID != m.Rank || info.Name != m.Name {
 		return nil, fmt.Errorf("%w: member %q of rank %d has a record for %v", ErrRendezvous, m.Name, m.Rank, info)
 	}
@@ -139,22 +146,27 @@ func decodeMember(m rendezvous.Member) (*member, error) {
 }
 
 // applyMembership makes ms the agent's world if it is newer: members it keeps stay as they
-// are, new ones are added, and those gone are dropped (see dropMember). a.worldMu is held.
-func (a *Agent) applyMembership(ms rendezvous.Membership) error {
+// are, new ones are added, and those gone are dropped (see dropMember). A record that is bad
+// (a stranger's, or corrupt) is left out, with a warning, so it cannot keep the world from
+// changing. a.worldMu is held.
+func (a *Agent) applyMembership(ms rendezvous.Membership) {
 	old := a.world()
 	if old != nil && ms.Version <= old.version {
-		return nil
+		return
 	}
 	members := make([]*member, 0, len(ms.Members))
 	kept := map[*member]bool{}
 	names := map[string]int{}
 	for _, rec := range ms.Members {
 		m, err := decodeMember(rec)
-		if err != nil {
-			return err
+		if err == nil {
+			if other, dup := names[m.info.Name]; dup {
+				err = &DuplicateNameError{Name: m.info.Name, First: other, Later: m.info.ID}
+			}
 		}
-		if other, dup := names[m.info.Name]; dup {
-			return &DuplicateNameError{Name: m.info.Name, First: other, Later: m.info.ID}
+		if err != nil {
+			a.log.Warn("tensorplay-rpc: left a bad member record of the store out of the world", "worker", a.self.Name, "err", err)
+			continue
 		}
 		names[m.info.Name] = m.info.ID
 		if old != nil {
@@ -174,7 +186,6 @@ func (a *Agent) applyMembership(ms rendezvous.Membership) error {
 			}
 		}
 	}
-	return nil
 }
 
 // dropMember ends everything this agent has with a member that left: its calls fail naming
@@ -186,7 +197,7 @@ func (a *Agent) dropMember(m *member) {
 	a.rememberLeft(m.info)
 	a.log.Debug(fmt.Sprintf("tensorplay-rpc: worker %q left the world", m.info.Name), "worker", a.self.Name)
 	m.peer.leave(fmt.Errorf("worker %q (id %d) %w", m.info.Name, m.info.ID, ErrWorkerLeft))
-	a.releaseForksOf(m.info)
+	a.releaseForksOf(m)
 }
 
 func (a *Agent) rememberLeft(w WorkerInfo) {
@@ -207,13 +218,11 @@ func (a *Agent) leftWorker(id int) (WorkerInfo, bool) {
 }
 
 // refreshWorld reads the membership from the store unless the world is at version atLeast
-// already (0: read it anyway). Concurrent refreshes share one read.
+// already (0: read it anyway).
 func (a *Agent) refreshWorld(ctx context.Context, atLeast uint64) error {
 	if !a.dynamic {
 		return nil
 	}
-	a.worldMu.Lock()
-	defer a.worldMu.Unlock()
 	if atLeast > 0 && a.world().version >= atLeast {
 		return nil
 	}
@@ -221,28 +230,42 @@ func (a *Agent) refreshWorld(ctx context.Context, atLeast uint64) error {
 	if err != nil {
 		return err
 	}
+	// Read outside the lock, so a slow store holds no one else up; an older read that
+	// comes last changes nothing (applyMembership).
 	ms, err := store.Members(ctx)
 	if err != nil {
 		return err
 	}
-	return a.applyMembership(ms)
+	a.worldMu.Lock()
+	defer a.worldMu.Unlock()
+	a.applyMembership(ms)
+	return nil
 }
 
-// knownCaller returns the member that a stream's hello names, asking the store first if this
-// worker does not know it yet (it may have joined a moment ago).
-func (a *Agent) knownCaller(rank int, name string) *member {
-	if m := a.world().byID[rank]; m != nil && m.info.Name == name {
+// RefreshWorld reads a dynamic world's membership from the store now, as when a worker
+// named by a caller is not in this agent's view: every member hears of each join and leave
+// within notifyTimeout, but one that was frozen then may have missed it. Static worlds have
+// nothing to read.
+func (a *Agent) RefreshWorld(ctx context.Context) error { return a.refreshWorld(ctx, 0) }
+
+// knownCaller returns the member that a stream's hello names, asking the store first if it
+// joined after this worker's view (its epoch is newer). A member this worker knows has left,
+// or was replaced by a later member of its rank, is refused.
+func (a *Agent) knownCaller(h wire.Hello) *member {
+	is := func(m *member) bool { return m != nil && m.info.Name == h.Name && m.epoch == h.Epoch }
+	w := a.world()
+	if m := w.byID[h.Rank]; is(m) {
 		return m
 	}
-	if !a.dynamic {
+	if !a.dynamic || h.Epoch <= w.version {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(a.serveCtx, notifyTimeout)
 	defer cancel()
-	if err := a.refreshWorld(ctx, 0); err != nil {
+	if err := a.refreshWorld(ctx, h.Epoch); err != nil {
 		a.log.Debug("tensorplay-rpc: could not read the membership", "err", err)
 	}
-	if m := a.world().byID[rank]; m != nil && m.info.Name == name {
+	if m := a.world().byID[h.Rank]; is(m) {
 		return m
 	}
 	return nil
@@ -295,7 +318,7 @@ func (a *Agent) leaveDynamic(ctx context.Context) error {
 func (a *Agent) notifyMembersExcept(ctx context.Context, ms rendezvous.Membership) {
 	a.worldMu.Lock()
 	self := a.world().byID[a.self.ID]
-	err := a.applyMembership(ms)
+	a.applyMembership(ms)
 	if self != nil && a.world().byID[a.self.ID] == nil {
 		// This worker left: it keeps itself in its view, so it can still call itself while
 		// it closes.
@@ -303,10 +326,6 @@ func (a *Agent) notifyMembersExcept(ctx context.Context, ms rendezvous.Membershi
 		a.setWorld(newWorld(w.version, append(membersOf(w), self)))
 	}
 	a.worldMu.Unlock()
-	if err != nil {
-		a.log.Warn("tensorplay-rpc: a bad membership from the store", "err", err)
-		return
-	}
 	a.notifyMembers(ctx, ms.Version)
 }
 
@@ -336,7 +355,7 @@ func (a *Agent) memberGone(m *member) {
 	}
 	if !removed {
 		a.worldMu.Lock()
-		err = a.applyMembership(ms)
+		a.applyMembership(ms)
 		a.worldMu.Unlock()
 		return
 	}

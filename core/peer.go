@@ -174,7 +174,7 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	gen := p.newRefStream()
 	c.writer.takeRefOps = func(limit int) ([]wire.RefOp, uint64) { return p.takeRefOps(gen, limit) }
 	self := p.agent.self
-	if err := c.writer.sendFrame(wire.HelloFrame(self.Name, self.ID)); err != nil {
+	if err := c.writer.sendFrame(wire.HelloFrame(self.Name, self.ID, p.agent.epoch)); err != nil {
 		c.cancel()
 		s.Close()
 		return nil, err

@@ -25,8 +25,14 @@ type refTable struct {
 }
 
 type refEntry struct {
-	forks      map[wire.ForkID]int // fork → holder
-	tombstones map[wire.ForkID]int // fork released before it was added → the holder that released it
+	forks      map[wire.ForkID]holderRef // fork → holder
+	tombstones map[wire.ForkID]holderRef // fork released before it was added → the holder that released it
+}
+
+// holderRef is the member holding a fork: a worker's id and epoch (see wire.RefOp).
+type holderRef struct {
+	id    int
+	epoch uint64
 }
 
 func newRefTable() *refTable { return &refTable{entries: map[wire.RRefID]*refEntry{}} }
@@ -37,25 +43,26 @@ func (t *refTable) apply(op wire.RefOp) (dropped bool) {
 	defer t.mu.Unlock()
 	e := t.entries[op.RRef]
 	if e == nil {
-		e = &refEntry{forks: map[wire.ForkID]int{}, tombstones: map[wire.ForkID]int{}}
+		e = &refEntry{forks: map[wire.ForkID]holderRef{}, tombstones: map[wire.ForkID]holderRef{}}
 		t.entries[op.RRef] = e
 	}
+	by := holderRef{op.Holder, op.HolderEpoch}
 	// Only a fork's holder can release it, and nothing rewrites a fork or tombstone already
 	// there: forged operations can at worst keep a value alive, never free it early.
 	switch op.Kind {
 	case wire.RefAdd:
-		if releasedBy, early := e.tombstones[op.Fork]; early && releasedBy == op.Holder {
+		if releasedBy, early := e.tombstones[op.Fork]; early && releasedBy == by {
 			delete(e.tombstones, op.Fork)
 		} else if _, dup := e.forks[op.Fork]; !dup {
-			e.forks[op.Fork] = op.Holder
+			e.forks[op.Fork] = by
 		}
 	case wire.RefRelease:
 		if holder, ok := e.forks[op.Fork]; ok {
-			if holder == op.Holder {
+			if holder == by {
 				delete(e.forks, op.Fork)
 			}
 		} else if _, dup := e.tombstones[op.Fork]; !dup {
-			e.tombstones[op.Fork] = op.Holder
+			e.tombstones[op.Fork] = by
 		}
 	}
 	if len(e.forks) == 0 && len(e.tombstones) == 0 {
@@ -65,21 +72,23 @@ func (t *refTable) apply(op wire.RefOp) (dropped bool) {
 	return false
 }
 
-// releaseHolder drops every fork held by worker, as when it is gone, and the tombstones
-// waiting for a registration only worker could send (a fork's creator registers it), and
+// releaseHolder drops every fork held by the member of id worker that joined at epoch, as when
+// it is gone, and the tombstones waiting for a registration only it could send (a fork's
+// creator registers it, and a member's ids count from its epoch: see joinDynamic), and
 // returns the RRefs that are now referenced nowhere.
-func (t *refTable) releaseHolder(worker int) []wire.RRefID {
+func (t *refTable) releaseHolder(worker int, epoch uint64) []wire.RRefID {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	gone := holderRef{worker, epoch}
 	var dropped []wire.RRefID
 	for id, e := range t.entries {
 		for fork, holder := range e.forks {
-			if holder == worker {
+			if holder == gone {
 				delete(e.forks, fork)
 			}
 		}
 		for fork := range e.tombstones {
-			if fork.Creator == worker {
+			if fork.Creator == worker && uint64(fork.Local)>>32 == epoch {
 				delete(e.tombstones, fork)
 			}
 		}
@@ -107,7 +116,11 @@ func (a *Agent) NewRRefID() wire.RRefID {
 // this worker sends the owner (the message itself, when it goes to the owner) or goes on its
 // own within refFlushDelay, in order with every other reference operation for that owner.
 func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork wire.ForkID, holder int) error {
-	op := wire.RefOp{Kind: wire.RefAdd, RRef: rref, Fork: fork, Holder: holder}
+	h, err := a.member(holder)
+	if err != nil {
+		return fmt.Errorf("the RRef fork's holder: %w", err)
+	}
+	op := wire.RefOp{Kind: wire.RefAdd, RRef: rref, Fork: fork, Holder: holder, HolderEpoch: h.epoch}
 	if owner == a.self.ID {
 		a.applyRefOps([]wire.RefOp{op})
 		return nil
@@ -126,7 +139,7 @@ func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork w
 // ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: the
 // release travels like AddFork's registrations, after any made before.
 func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error {
-	op := wire.RefOp{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID}
+	op := wire.RefOp{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID, HolderEpoch: a.epoch}
 	if owner == a.self.ID {
 		a.applyRefOps([]wire.RefOp{op})
 		return nil
@@ -192,11 +205,14 @@ func (a *Agent) applyRefOpsFrom(from *member, first uint64, ops []wire.RefOp) ui
 	}
 	valid := make([]wire.RefOp, 0, len(ops))
 	refused := 0
-	members := a.world().byID
+	w := a.world()
 	for _, op := range ops {
+		holder := w.byID[op.Holder]
 		switch {
-		case op.Kind == wire.RefAdd && members[op.Holder] != nil,
-			op.Kind == wire.RefRelease && op.Holder == worker.ID:
+		case op.Kind == wire.RefAdd && holder != nil && holder.epoch == op.HolderEpoch,
+			// A member that joined after this worker's view: it will hear of it.
+			op.Kind == wire.RefAdd && a.dynamic && op.HolderEpoch > w.version,
+			op.Kind == wire.RefRelease && op.Holder == worker.ID && op.HolderEpoch == from.epoch:
 			valid = append(valid, op)
 		default:
 			refused++

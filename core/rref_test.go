@@ -58,9 +58,28 @@ func TestRefTableReleaseHolder(t *testing.T) {
 	// Worker 1 released a fork worker 2 made and was still to register: it never will.
 	c := wire.RRefID{Creator: 0, Local: 6}
 	table.apply(wire.RefOp{Kind: wire.RefRelease, RRef: c, Fork: wire.ForkID{Creator: 2, Local: 7}, Holder: 1})
-	dropped := table.releaseHolder(2)
+	dropped := table.releaseHolder(2, 0)
 	slices.SortFunc(dropped, func(x, y wire.RRefID) int { return cmp.Compare(x.Local, y.Local) })
 	if len(dropped) != 2 || dropped[0] != a || dropped[1] != c || table.len() != 1 {
 		t.Fatalf("dropped %v, %d left; want %v and %v dropped", dropped, table.len(), a, c)
+	}
+}
+
+// A worker that left and joined again under its id is another member: releasing the forks of
+// the one that left keeps the new one's, and a release by one does not free the other's.
+func TestRefTableTellsMembersOfOneIDApart(t *testing.T) {
+	table := newRefTable()
+	r := wire.RRefID{Creator: 0, Local: 1}
+	oldFork, newFork := wire.ForkID{Creator: 0, Local: 2}, wire.ForkID{Creator: 0, Local: 3}
+	table.apply(wire.RefOp{Kind: wire.RefAdd, RRef: r, Fork: oldFork, Holder: 1, HolderEpoch: 4})
+	table.apply(wire.RefOp{Kind: wire.RefAdd, RRef: r, Fork: newFork, Holder: 1, HolderEpoch: 9})
+	if table.apply(wire.RefOp{Kind: wire.RefRelease, RRef: r, Fork: newFork, Holder: 1, HolderEpoch: 4}) {
+		t.Fatal("the member that left released the new member's fork")
+	}
+	if dropped := table.releaseHolder(1, 4); len(dropped) != 0 || table.len() != 1 {
+		t.Fatalf("dropping the member that left dropped %v", dropped)
+	}
+	if !table.apply(wire.RefOp{Kind: wire.RefRelease, RRef: r, Fork: newFork, Holder: 1, HolderEpoch: 9}) {
+		t.Fatal("the new member's release did not drop the value")
 	}
 }

@@ -35,7 +35,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 	}
 	var from *member
 	if hello.Kind == wire.FrameHello && err == nil {
-		from = a.knownCaller(said.Rank, said.Name)
+		from = a.knownCaller(said)
 	}
 	if from == nil {
 		if a.dynamic && hello.Kind == wire.FrameHello && err == nil {

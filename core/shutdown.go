@@ -230,6 +230,9 @@ func (a *Agent) forgetIfGone(m *member) {
 	defer m.probing.Store(false)
 	w := m.info
 	for !a.closing() {
+		if a.world().byID[w.ID] != m {
+			return // it left; dropMember did what is to be done
+		}
 		err := a.probe(w, true)
 		if err == nil {
 			return
@@ -250,12 +253,13 @@ func (a *Agent) forgetIfGone(m *member) {
 		a.memberGone(m) // which releases its forks when it is dropped from the world
 		return
 	}
-	a.releaseForksOf(w)
+	a.releaseForksOf(m)
 }
 
-// releaseForksOf drops the RRef forks worker w held: it is gone, and will never release them.
-func (a *Agent) releaseForksOf(w WorkerInfo) {
-	dropped := a.refs.releaseHolder(w.ID)
+// releaseForksOf drops the RRef forks member m held: it is gone, and will never release them.
+func (a *Agent) releaseForksOf(m *member) {
+	w := m.info
+	dropped := a.refs.releaseHolder(w.ID, m.epoch)
 	if len(dropped) > 0 {
 		a.log.Warn("tensorplay-rpc: dropped RRefs held only by a worker that is gone", "worker", w.Name, "count", len(dropped))
 	}

@@ -156,6 +156,14 @@ func (a *Agent) WorldVersion() int64 { return int64(a.agent.WorldVersion()) }
 // and another value once it left and joined again.
 func (a *Agent) MemberEpoch(id int) int64 { return a.agent.MemberEpoch(id) }
 
+// RefreshWorld reads a dynamic world's membership from the store, waiting at most timeoutMs
+// (core.Agent.RefreshWorld).
+func (a *Agent) RefreshWorld(timeoutMs int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutMs)*time.Millisecond)
+	defer cancel()
+	return a.agent.RefreshWorld(ctx)
+}
+
 // Members lists the workers of the world now, one "id name" line each, by id (names hold no
 // spaces or newlines).
 func (a *Agent) Members() string {

@@ -154,7 +154,7 @@ func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Send(wire.HelloFrame("w0", 0))
+		s.Send(wire.HelloFrame("w0", 0, 0))
 		s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: uint64(i + 1), Method: "block"})
 		streams = append(streams, s)
 	}

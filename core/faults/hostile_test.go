@@ -90,7 +90,7 @@ func TestHostileBytes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", a.name, err)
 		}
-		s.Send(wire.HelloFrame("w0", 0))
+		s.Send(wire.HelloFrame("w0", 0, 0))
 		for _, f := range a.frames {
 			s.Send(f)
 		}

@@ -47,7 +47,7 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(wire.HelloFrame("w1", 1))
+	s.Send(wire.HelloFrame("w1", 1, 0))
 	s.Send(forged(1))
 	s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
 	if resp, err := s.Recv(); err == nil {
@@ -62,7 +62,7 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(wire.HelloFrame("w2", 2))
+	s.Send(wire.HelloFrame("w2", 2, 0))
 	s.Send(forged(1))
 	s.Send(forged(2))
 	s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
@@ -125,7 +125,7 @@ func TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.Send(wire.HelloFrame(tc.claim, tc.rank))
+			s.Send(wire.HelloFrame(tc.claim, tc.rank, 0))
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
 			resp, err := s.Recv()
 			if served := err == nil && resp.Status == wire.ReplyOK; served != tc.served {

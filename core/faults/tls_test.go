@@ -124,7 +124,7 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		}
 		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[1]))
 		if err == nil {
-			s.Send(wire.HelloFrame("w0", 0))
+			s.Send(wire.HelloFrame("w0", 0, 0))
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}
@@ -184,7 +184,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Send(wire.HelloFrame(tt.hello, tt.rank))
+		s.Send(wire.HelloFrame(tt.hello, tt.rank, 0))
 		s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "echo"})
 		resp, err := s.Recv()
 		if served := err == nil && resp.Status == wire.ReplyOK; served != tt.served {

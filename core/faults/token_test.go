@@ -34,7 +34,7 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 		tr, _ := grpctransport.New(token, nil)
 		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[1]))
 		if err == nil {
-			s.Send(wire.HelloFrame("w0", 0))
+			s.Send(wire.HelloFrame("w0", 0, 0))
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}

@@ -208,7 +208,7 @@ func (s *RemoteStore) Members(ctx context.Context) (Membership, error) {
 func (s *RemoteStore) member(ctx context.Context, req memberRequest) (memberReply, error) {
 	var reply memberReply
 	for {
-		err := s.cc.Invoke(ctx, storeMemberPath, &req, &reply, grpc.WaitForReady(true))
+		err := s.cc.Invoke(ctx, storeMemberPath, &req, &reply, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(maxMembershipBytes))
 		if err == nil {
 			return reply, nil
 		}

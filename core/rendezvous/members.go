@@ -10,9 +10,17 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// maxMembers bounds a dynamic world's members, so strangers cannot grow the store's host
-// without bound; it is far beyond any world this project runs (make scale runs 256).
-const maxMembers = 1 << 14
+const (
+	// maxMembers bounds a dynamic world's members, so strangers cannot grow the store's host
+	// without bound; it is far beyond any world this project runs (make scale runs 256).
+	maxMembers = 1 << 14
+	// maxMemberRecordBytes bounds a member's record: a worker's is a name of at most 128
+	// bytes, two addresses and a nonce, some hundreds of bytes.
+	maxMemberRecordBytes = 4 << 10
+	// maxMembershipBytes bounds a whole membership as a client accepts it: every member at
+	// its limits, with room for msgpack's keys.
+	maxMembershipBytes = maxMembers * (maxMemberRecordBytes + maxWhoBytes + 64)
+)
 
 // Member is one worker of a dynamic world, as the store records it.
 type Member struct {
@@ -79,8 +87,8 @@ func (s *MemStore) checkMember(m Member) error {
 		return fmt.Errorf("rank %d is negative", m.Rank)
 	case m.Name == "" || len(m.Name) > maxWhoBytes:
 		return fmt.Errorf("a member's name must be 1 to %d bytes, got %s", maxWhoBytes, clip(m.Name))
-	case len(m.Value) > maxStoreValueBytes:
-		return fmt.Errorf("member %s sent a record of %d bytes, more than the %d allowed", clip(m.Name), len(m.Value), maxStoreValueBytes)
+	case len(m.Value) > maxMemberRecordBytes:
+		return fmt.Errorf("member %s sent a record of %d bytes, more than the %d allowed", clip(m.Name), len(m.Value), maxMemberRecordBytes)
 	}
 	return nil
 }

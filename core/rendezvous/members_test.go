@@ -84,7 +84,7 @@ func TestMemberStoreRefusesBadRequests(t *testing.T) {
 		{Rank: -1, Name: "a"},
 		{Rank: 0, Name: ""},
 		{Rank: 0, Name: string(make([]byte, maxWhoBytes+1))},
-		{Rank: 0, Name: "a", Value: make([]byte, maxStoreValueBytes+1)},
+		{Rank: 0, Name: "a", Value: make([]byte, maxMemberRecordBytes+1)},
 	} {
 		if _, err := dynamic.JoinMembers(ctx, m); err == nil {
 			t.Fatalf("joined %q of rank %d with a %d-byte record", clip(m.Name), m.Rank, len(m.Value))

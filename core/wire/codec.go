@@ -250,7 +250,7 @@ func decodeString(dec *msgpack.Decoder, what string, limit int) (string, error) 
 // [creator, local], holder].
 func decodeRefOp(dec *msgpack.Decoder) (RefOp, error) {
 	var op RefOp
-	if err := decodeArrayOf(dec, "reference operation", 4); err != nil {
+	if err := decodeArrayOf(dec, "reference operation", 5); err != nil {
 		return op, err
 	}
 	kind, err := dec.DecodeUint8()
@@ -269,7 +269,10 @@ func decodeRefOp(dec *msgpack.Decoder) (RefOp, error) {
 			return op, err
 		}
 	}
-	op.Holder, err = dec.DecodeInt()
+	if op.Holder, err = dec.DecodeInt(); err != nil {
+		return op, err
+	}
+	op.HolderEpoch, err = dec.DecodeUint64()
 	return op, err
 }
 

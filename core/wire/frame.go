@@ -100,11 +100,15 @@ type Hello struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Name     string
 	Rank     int
+	// Epoch tells which member of that rank speaks: in a dynamic world a worker that leaves
+	// and joins again is a new member (core's member epoch); always 0 in a static one.
+	Epoch uint64
 }
 
-// HelloFrame is the frame that opens a stream from the worker name of rank rank.
-func HelloFrame(name string, rank int) *Frame {
-	payload, _ := msgpack.Marshal(&Hello{Name: name, Rank: rank}) // cannot fail for a string and an int
+// HelloFrame is the frame that opens a stream from the worker name of rank rank, the member
+// of that rank that joined at epoch.
+func HelloFrame(name string, rank int, epoch uint64) *Frame {
+	payload, _ := msgpack.Marshal(&Hello{Name: name, Rank: rank, Epoch: epoch}) // cannot fail for a string and integers
 	return &Frame{Kind: FrameHello, Payload: payload}
 }
 
@@ -116,13 +120,16 @@ const maxHelloName = 1024
 func (f *Frame) Hello() (Hello, error) {
 	var h Hello
 	dec := msgpack.NewDecoder(bytes.NewReader(f.Payload))
-	if err := decodeArrayOf(dec, "hello", 2); err != nil {
+	if err := decodeArrayOf(dec, "hello", 3); err != nil {
 		return h, err
 	}
 	var err error
 	if h.Name, err = decodeString(dec, "worker name", maxHelloName); err != nil {
 		return h, err
 	}
-	h.Rank, err = dec.DecodeInt()
+	if h.Rank, err = dec.DecodeInt(); err != nil {
+		return h, err
+	}
+	h.Epoch, err = dec.DecodeUint64()
 	return h, err
 }

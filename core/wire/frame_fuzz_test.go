@@ -12,7 +12,7 @@ import (
 // must survive a round trip. (core's FuzzReassembly takes sequences of frames further.)
 func FuzzFrameDecode(f *testing.F) {
 	for _, fr := range []*Frame{
-		HelloFrame("w0", 0),
+		HelloFrame("w0", 0, 0),
 		{Kind: FrameRequest, ID: 7, Method: "py", TimeoutMs: 100, Payload: []byte("pickle"), Buffers: [][]byte{{1, 2}, {}}},
 		{Kind: FrameResponse, ID: 7, Status: ReplyHandlerError, Error: "boom", Payload: []byte("detail")},
 		{Kind: FrameRequest, ID: 8, Method: "py", Sizes: []int64{10, 1 << 20}},

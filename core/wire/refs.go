@@ -30,4 +30,7 @@ type RefOp struct {
 	Fork     ForkID
 	// Holder is the worker that holds (or will hold) the fork.
 	Holder int
+	// HolderEpoch tells which member of that id holds it: in a dynamic world a worker that
+	// leaves and joins again is a new member (core's member epoch); always 0 in a static one.
+	HolderEpoch uint64
 }

@@ -291,6 +291,12 @@ def _confirm_creation(created: Future) -> Optional[Tuple[Any]]:
     return _creation_reply(created.wait())
 
 
+# How often, at most, a dynamic world's agent reads the membership for a worker it does not
+# know, and how long it waits for the store.
+REFRESH_EVERY_S = 0.1
+REFRESH_TIMEOUT_MS = 2000
+
+
 class RpcAgent:
     """What every RPC agent offers (torch's ``RpcAgent``); :class:`TensorPipeAgent` is the
     one this package has. ``_get_current_rpc_agent()`` returns this process's."""
@@ -351,8 +357,9 @@ class TensorPipeAgent(RpcAgent):
         self.is_static_group = is_static_group
         self.info = WorkerInfo(go_agent.Name(), go_agent.ID())
         self._world_version = -1
-        self._by_id: Dict[int, WorkerInfo] = {}
-        self._by_name: Dict[str, WorkerInfo] = {}
+        self._last_refresh = 0.0
+        # (by id, by name), replaced whole: readers on other threads see one view or the next.
+        self._maps: Tuple[Dict[int, WorkerInfo], Dict[str, WorkerInfo]] = ({}, {})
         self._load_world()
         self._handlers: Dict[str, Callable[..., Any]] = {
             _CALL: run_function,
@@ -379,8 +386,7 @@ class TensorPipeAgent(RpcAgent):
 
     def _load_world(self) -> None:
         """Read the world from Go if it changed since last read (only a dynamic world's
-        does); the maps are replaced whole, so readers on other threads see one or the
-        other."""
+        does)."""
         version = self._go_agent.WorldVersion()
         if version == self._world_version:
             return
@@ -388,27 +394,48 @@ class TensorPipeAgent(RpcAgent):
         for line in self._go_agent.Members().splitlines():
             worker_id, name = line.split(" ", 1)
             by_id[int(worker_id)] = WorkerInfo(name, int(worker_id))
-        self._by_id, self._by_name = by_id, {w.name: w for w in by_id.values()}
+        self._maps = (by_id, {w.name: w for w in by_id.values()})
         self._world_version = version
 
-    def _world(self) -> Dict[int, WorkerInfo]:
+    def _world(self) -> Tuple[Dict[int, WorkerInfo], Dict[str, WorkerInfo]]:
+        """The world now: its workers by id and by name."""
         if not self.is_static_group:
             self._load_world()
-        return self._by_id
+        return self._maps
 
     def worker(self, name: str) -> Optional[WorkerInfo]:
         """The worker called ``name``, or None."""
-        self._world()
-        return self._by_name.get(name)
+        found = self._world()[1].get(name)
+        if found is None and self._refreshed():
+            found = self._world()[1].get(name)
+        return found
 
     def worker_by_id(self, worker_id: int) -> Optional[WorkerInfo]:
         """The worker of that id, or None."""
-        return self._world().get(worker_id)
+        found = self._world()[0].get(worker_id)
+        if found is None and self._refreshed():
+            found = self._world()[0].get(worker_id)
+        return found
+
+    def _refreshed(self) -> bool:
+        """On a miss in a dynamic world, read the membership from the store (this worker
+        may have missed a join while it was frozen), at most every REFRESH_EVERY_S; whether it
+        did."""
+        now = time.monotonic()
+        if self.is_static_group or now - self._last_refresh < REFRESH_EVERY_S:
+            return False
+        self._last_refresh = now
+        try:
+            self._go_agent.RefreshWorld(REFRESH_TIMEOUT_MS)
+        except RuntimeError as exc:
+            logger.debug("could not read the membership: %s", exc)
+            return False
+        return True
 
     def get_worker_infos(self) -> List[WorkerInfo]:
         """The WorkerInfo of every worker of the world now, by id (a dynamic world's change
         as workers join and leave)."""
-        return list(self._world().values())
+        return list(self._world()[0].values())
 
     def member_epoch(self, worker_id: int) -> int:
         """Identifies the worker of that id now: -1 if there is none, another value once it

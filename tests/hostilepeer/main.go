@@ -257,7 +257,7 @@ func (p *peer) open(ctx context.Context, hello *wire.Frame) (*conn, error) {
 	return c, nil
 }
 
-func (p *peer) hello() *wire.Frame { return wire.HelloFrame(p.name, p.rank) }
+func (p *peer) hello() *wire.Frame { return wire.HelloFrame(p.name, p.rank, 0) }
 
 // sendAll sends frames until one fails; it returns how many went.
 func (c *conn) sendAll(frames ...*wire.Frame) (int, error) {
@@ -554,7 +554,7 @@ func (p *peer) releaseOtherHolder(ctx context.Context) (string, string) {
 
 // helloMismatch claims a name with a rank that is not its own, then tries a call.
 func (p *peer) helloMismatch(ctx context.Context) (string, string) {
-	c, err := p.open(ctx, wire.HelloFrame(p.name, p.rank+1))
+	c, err := p.open(ctx, wire.HelloFrame(p.name, p.rank+1, 0))
 	if err != nil {
 		return dialOutcome(err)
 	}

@@ -62,7 +62,7 @@ func TestSmallFrameOvertakesABigTransfer(t *testing.T) {
 		s.Close()
 		<-handlerDone
 	}()
-	if err := s.Send(wire.HelloFrame("w0", 0)); err != nil {
+	if err := s.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
 		t.Fatal(err)
 	}
 	go func() {

@@ -29,21 +29,23 @@ func (a *Agent) serveStream(s transport.Stream) {
 	case <-a.serveCtx.Done():
 		return
 	}
-	var said wire.Hello
-	if hello.Kind == wire.FrameHello {
-		said, err = hello.Hello()
+	if hello.Kind != wire.FrameHello {
+		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a hello", "worker", a.self.Name, "from", streamOrigin(s), "first_frame", hello.Kind)
+		return
 	}
-	var from *member
-	if hello.Kind == wire.FrameHello && err == nil {
-		from = a.knownCaller(said)
+	said, err := hello.Hello()
+	if err != nil {
+		a.log.Warn("tensorplay-rpc: refused a stream that opened with a bad hello", "worker", a.self.Name, "from", streamOrigin(s), "err", err)
+		return
 	}
+	from := a.knownCaller(said)
 	if from == nil {
-		if a.dynamic && hello.Kind == wire.FrameHello && err == nil {
+		if a.dynamic {
 			// A worker that left a moment ago, telling the world: nothing is amiss.
 			a.log.Debug("tensorplay-rpc: refused a stream from a worker not in the world", "worker", a.self.Name, "from", said.Name)
 			return
 		}
-		a.log.Warn("tensorplay-rpc: refused a stream that did not open with a valid hello", "worker", a.self.Name, "from", streamOrigin(s))
+		a.log.Warn("tensorplay-rpc: refused a stream from a caller not in the world", "worker", a.self.Name, "from", streamOrigin(s), "name", said.Name, "rank", said.Rank, "epoch", said.Epoch)
 		return
 	}
 	if err := a.checkIdentity(s, from.info); err != nil {

@@ -33,7 +33,9 @@ type Stream interface {
 
 // Laned is implemented by streams that carry the frames of big messages (see Bulk) in a lane
 // of their own: a small frame is not held behind them, and Send may run for a bulk frame and
-// another frame at once. Frames within a lane keep their order; across lanes they may not.
+// another frame at once. Frames within a lane keep their order; across lanes they may not,
+// except that an accepted stream's first frame, if it is not Bulk, is the first Recv returns
+// (a hello is not overtaken by the big message sent right after it).
 type Laned interface {
 	Stream
 	BulkLane()

@@ -28,6 +28,11 @@ type stream struct {
 	lanes [2]lane
 	// next is the lane Recv looks at first: the lanes take turns when both have a frame.
 	next int
+	// helloFirst, on an accepted stream until Recv returns its first frame, keeps the bulk
+	// lane unread: the dialer's opening frame (its hello, on the small lane) must not be
+	// overtaken by a big message it sent right after it, which a look at the small lane a
+	// moment before both were written would let through.
+	helloFirst bool
 	// peer names the other end for errors.
 	peer string
 	// hostAddrPrefix starts the addresses of this host's shared-memory listeners.
@@ -123,6 +128,7 @@ func (s *stream) Recv() (*wire.Frame, error) {
 	if err != nil {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 	}
+	s.helloFirst = false
 	return f, nil
 }
 
@@ -138,7 +144,7 @@ func (s *stream) readyLane() (*lane, error) {
 			if err != nil {
 				return nil, err
 			}
-			if ok {
+			if ok && !(s.helloFirst && i == laneBulk) {
 				s.next = 1 - i
 				return &s.lanes[i], nil
 			}

@@ -114,6 +114,7 @@ func (t *Transport) setUp(conn *net.UnixConn, serve func(transport.Stream)) {
 	conn.SetDeadline(time.Time{})
 	s := newStream(conn, mem, ringBytes, 1, "the worker at "+peerName(conn))
 	s.hostAddrPrefix = addrPrefix + t.hostKey + "/"
+	s.helloFirst = true
 	if !t.track(s) {
 		return
 	}

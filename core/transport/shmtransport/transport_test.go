@@ -98,6 +98,55 @@ func TestFramesCrossBothWays(t *testing.T) {
 	}
 }
 
+// The first frame of an accepted stream is the dialer's hello, on the small lane: a big
+// message's frame, on the bulk lane, may not overtake it even when it is there first (as it
+// is when the listener looks at the small lane a moment before the dialer writes both).
+func TestAcceptedStreamReadsItsFirstFrameFromTheSmallLane(t *testing.T) {
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := &wire.Frame{Kind: wire.FrameRequest, ID: 7, Sizes: []int64{1 << 20}}
+	if !transport.Bulk(header) {
+		t.Fatal("the test needs a frame of the bulk lane")
+	}
+	if err := client.Send(header); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *wire.Frame, 2)
+	go func() {
+		for range 2 {
+			f, err := server.Recv()
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- f
+		}
+	}()
+	select {
+	case f := <-got:
+		t.Fatalf("the listener read frame %d (kind %d) before any hello", f.ID, f.Kind)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := client.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []wire.FrameKind{wire.FrameHello, wire.FrameRequest} {
+		select {
+		case f, ok := <-got:
+			if !ok {
+				t.Fatalf("frame %d: the stream ended", i)
+			}
+			if f.Kind != want {
+				t.Fatalf("frame %d is of kind %d, want %d", i, f.Kind, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("frame %d never came", i)
+		}
+	}
+}
+
 func TestWrongTokenIsRefusedBeforeAnyRegion(t *testing.T) {
 	_, _, err := pair(t, "wrong", "right", 0)
 	if !errors.Is(err, ErrRefused) {
@@ -174,6 +223,13 @@ func TestOversizedFrameLengthIsRefused(t *testing.T) {
 		t.Run(fmt.Sprintf("lane %d", ln), func(t *testing.T) {
 			client, server, err := pair(t, "", "", MinRingBytes)
 			if err != nil {
+				t.Fatal(err)
+			}
+			// The bulk lane of an accepted stream is read only after its opening frame.
+			if err := client.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := server.Recv(); err != nil {
 				t.Fatal(err)
 			}
 			var prefix [4]byte

@@ -13,20 +13,11 @@ import time
 
 import tensorplay_rpc as rpc
 
+from steps import Steps
+
 RANK, PORT, SYNC = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-STEP_WAIT_S = 60
-
-
-def mark(step: str) -> None:
-    open(os.path.join(SYNC, step), "w").close()
-
-
-def wait(step: str) -> None:
-    deadline = time.monotonic() + STEP_WAIT_S
-    while not os.path.exists(os.path.join(SYNC, step)):
-        if time.monotonic() > deadline:
-            sys.exit(f"w{RANK}: gave up waiting for {step}")
-        time.sleep(0.02)
+steps = Steps(SYNC, f"w{RANK}")
+mark, wait = steps.mark, steps.wait
 
 
 def join() -> None:

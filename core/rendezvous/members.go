@@ -177,16 +177,8 @@ type memberReply struct {
 
 // DecodeMsgpack reads a memberRequest into bounded memory only, as GatherRequest's does.
 func (r *memberRequest) DecodeMsgpack(dec *msgpack.Decoder) error {
-	n, err := dec.DecodeMapLen()
-	if err != nil {
-		return err
-	}
-	for range n {
-		key, err := decodeStoreBytes(dec)
-		if err != nil {
-			return fmt.Errorf("member request: a key: %w", err)
-		}
-		switch string(key) {
+	return decodeFields(dec, "member request", func(key string) (err error) {
+		switch key {
 		case "op":
 			r.Op, err = decodeStoreString(dec)
 		case "member":
@@ -194,24 +186,13 @@ func (r *memberRequest) DecodeMsgpack(dec *msgpack.Decoder) error {
 		default:
 			err = errors.New("not a field of a member request")
 		}
-		if err != nil {
-			return fmt.Errorf("member request: field %s: %w", clip(string(key)), err)
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 func (m *Member) decode(dec *msgpack.Decoder) error {
-	n, err := dec.DecodeMapLen()
-	if err != nil {
-		return err
-	}
-	for range n {
-		key, err := decodeStoreBytes(dec)
-		if err != nil {
-			return err
-		}
-		switch string(key) {
+	return decodeFields(dec, "member", func(key string) (err error) {
+		switch key {
 		case "rank":
 			m.Rank, err = dec.DecodeInt()
 		case "name":
@@ -223,11 +204,8 @@ func (m *Member) decode(dec *msgpack.Decoder) error {
 		default:
 			err = errors.New("not a field of a member")
 		}
-		if err != nil {
-			return fmt.Errorf("member field %s: %w", clip(string(key)), err)
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // serveMember answers one memberRequest from store.

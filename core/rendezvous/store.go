@@ -95,16 +95,8 @@ type GatherRequest struct {
 // maxStoreRequestBytes, which is also the most the store's gRPC server accepts; a field it
 // does not know is refused.
 func (r *GatherRequest) DecodeMsgpack(dec *msgpack.Decoder) error {
-	n, err := dec.DecodeMapLen()
-	if err != nil {
-		return err
-	}
-	for range n {
-		key, err := decodeStoreBytes(dec)
-		if err != nil {
-			return fmt.Errorf("store request: a key: %w", err)
-		}
-		switch string(key) {
+	return decodeFields(dec, "store request", func(key string) (err error) {
+		switch key {
 		case "round":
 			r.Round, err = decodeStoreString(dec)
 		case "rank":
@@ -122,8 +114,24 @@ func (r *GatherRequest) DecodeMsgpack(dec *msgpack.Decoder) error {
 			// skipping it would let msgpack read a claimed length in 1 MiB steps.
 			err = errors.New("not a field of a store request")
 		}
+		return err
+	})
+}
+
+// decodeFields reads a msgpack map keyed by bounded strings, what it is named in errors;
+// field reads the value of each key.
+func decodeFields(dec *msgpack.Decoder, what string, field func(key string) error) error {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		key, err := decodeStoreBytes(dec)
 		if err != nil {
-			return fmt.Errorf("store request: field %s: %w", clip(string(key)), err)
+			return fmt.Errorf("%s: a key: %w", what, err)
+		}
+		if err := field(string(key)); err != nil {
+			return fmt.Errorf("%s: field %s: %w", what, clip(string(key)), err)
 		}
 	}
 	return nil

@@ -13,25 +13,15 @@ and no one sees it), so rejoining is tested on ours alone (tests/test_dynamic_wo
 import importlib
 import os
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from steps import Steps  # noqa: E402 (tests/steps.py, one directory up)
 
 BACKEND, RANK, PORT, SYNC = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 rpc = importlib.import_module(BACKEND)
 NAME = f"w{RANK}"
-STEP_WAIT_S = 60
-
-
-def mark(step: str) -> None:
-    open(os.path.join(SYNC, step), "w").close()
-
-
-def wait(step: str) -> None:
-    deadline = time.monotonic() + STEP_WAIT_S
-    while not os.path.exists(os.path.join(SYNC, step)):
-        if time.monotonic() > deadline:
-            print(f"{NAME}: gave up waiting for {step}", flush=True)
-            os._exit(3)
-        time.sleep(0.02)
+steps = Steps(SYNC, NAME)
+mark, wait = steps.mark, steps.wait
 
 
 def say(what: str, outcome) -> None:

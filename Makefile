@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the build, the package and its tests need.
 APT_PACKAGES := gcc python3-dev python3-venv python3-pip python3-setuptools python3-wheel \
-	python3-pybindgen python3-cloudpickle python3-numpy python3-pytest python3-pytest-timeout \
+	python3-pybindgen python3-cloudpickle python3-msgpack python3-numpy python3-pytest python3-pytest-timeout \
 	python3-torch iproute2
 # The benchmark also draws a chart.
 BENCH_APT_PACKAGES := python3-matplotlib
@@ -18,10 +18,11 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo test test-go test-python vet bench fuzz soak scale clean
+.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python vet bench fuzz soak scale clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
+	@echo "make demo-go  a Python worker and a Go worker calling each other by name"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make bench  tensorplay_rpc (shm and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
 	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 3 million runs each"
@@ -114,6 +115,11 @@ test: vet test-go test-python
 
 demo: install
 	$(PY) tests/demo.py
+
+# A Python worker and a Go worker (examples/goworker) calling each other by name.
+demo-go: install
+	go build -o bin/goworker ./examples/goworker
+	$(PY) examples/mixed_world.py bin/goworker
 
 bench: install bench-deps
 	cd bench && ../$(PY) bench.py $(BENCH_ARGS)

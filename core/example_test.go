@@ -179,3 +179,44 @@ func ExampleStart_dynamic() {
 	// [WorkerInfo(id=0, name=trainer) WorkerInfo(id=7, name=actor-7)]
 	// [WorkerInfo(id=0, name=trainer)] worker "actor-7" (id 7) left the world
 }
+
+// Plain Go functions serve calls from any language (Python calls them with
+// rpc.remote_function("add")); CallFunc calls them, or the functions a Python worker exposes
+// with rpc.expose, with msgpack arguments and a typed result.
+func ExampleFunc() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	store := "file://" + filepath.Join(dir, "store")
+
+	add := func(_ context.Context, a, b float64) (float64, error) { return a + b, nil }
+	agents := make([]*core.Agent, 2)
+	var wg sync.WaitGroup
+	for rank := range agents {
+		wg.Go(func() {
+			a, err := core.Start(context.Background(), core.Config{
+				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
+				Handlers: map[string]core.Handler{"add": core.Func(add)},
+			})
+			if err != nil {
+				panic(err)
+			}
+			agents[rank] = a
+		})
+	}
+	wg.Wait()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sum, err := core.CallFunc[float64](ctx, agents[0], "w1", "add", 2, 3.5)
+	fmt.Println(sum, err)
+	_, err = core.CallFunc[float64](ctx, agents[0], "w1", "add", 2)
+	fmt.Println(err)
+
+	for _, a := range agents {
+		wg.Go(func() { a.Shutdown(context.Background(), true) })
+	}
+	wg.Wait()
+	// Output:
+	// 5.5 <nil>
+	// on worker "w1": takes 2 argument(s), got 1
+}

@@ -43,8 +43,9 @@ type Starter struct {
 // bounds each message sent or received (0: the default); a non-empty token is the world's
 // shared secret; non-empty certFile, keyFile and caFile put the world under mutual TLS;
 // transports names the transports in order of preference, comma-separated ("" for the
-// default: shared memory on this host, gRPC to the others).
-func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile, transports string) *Starter {
+// default: shared memory on this host, gRPC to the others); exposed names, one per line, the
+// functions Python serves to every language (Expose) from the moment it joins.
+func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile, transports, exposed string) *Starter {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Starter{done: make(chan struct{}), cancel: cancel}
 	go func() {
@@ -60,7 +61,16 @@ func BeginStart(name string, rank, worldSize int, initMethod string, initTimeout
 				return
 			}
 		}
-		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles, names)
+		var functions []string
+		if exposed != "" {
+			functions = strings.Split(exposed, "\n")
+			for _, f := range functions {
+				if s.err = checkExposedName(f); s.err != nil {
+					return
+				}
+			}
+		}
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles, names, functions)
 	}()
 	return s
 }
@@ -93,13 +103,17 @@ func (s *Starter) Agent() (*Agent, error) {
 	return s.agent, s.err
 }
 
-func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports []string) (*Agent, error) {
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports, exposed []string) (*Agent, error) {
 	a := &Agent{
 		lent:         map[int64]core.Message{},
 		shutdownDone: make(chan struct{}),
 	}
 	a.requests = newMailbox[Request](a.shutdownDone)
 	a.events = newMailbox[Event](a.shutdownDone)
+	handlers := map[string]core.Handler{PyMethod: queueHandler{a}}
+	for _, f := range exposed {
+		handlers[f] = queueHandler{a}
+	}
 	ag, err := core.Start(ctx, core.Config{
 		Name: name, Rank: rank, WorldSize: worldSize, InitMethod: initMethod,
 		InitTimeout:    time.Duration(initTimeoutMs) * time.Millisecond,
@@ -107,7 +121,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		Token:          token,
 		TLS:            tlsFiles,
 		Transports:     transports,
-		Handlers:       map[string]core.Handler{pyMethod: queueHandler{a}},
+		Handlers:       handlers,
 		OnRRefDropped:  a.rrefDropped,
 	})
 	if err != nil {

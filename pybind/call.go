@@ -135,17 +135,18 @@ func (c *Call) Result() *Segments {
 	return s
 }
 
-// Call sends the message whose nseg segments the table at table names to worker to. With
+// Call sends the message whose nseg segments the table at table names to method (PyMethod
+// for a pickled Python-level message) on worker to. With
 // borrow it is sent from Python's memory in place, and Python keeps the buffers alive and
 // unchanged until Wait reports the call done; without it Go copies them before returning.
 // timeoutMs <= 0 means no deadline.
-func (a *Agent) Call(to int, table uintptr, nseg int, borrow bool, timeoutMs int) (c *Call, err error) {
+func (a *Agent) Call(to int, method string, table uintptr, nseg int, borrow bool, timeoutMs int) (c *Call, err error) {
 	defer recovered(&err)
 	ctx, cancel := context.Background(), context.CancelFunc(func() {})
 	if timeoutMs > 0 {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 	}
-	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, pyMethod, segments(table, nseg, borrow))}
+	c = &Call{agent: a, future: a.agent.CallRank(ctx, to, method, segments(table, nseg, borrow))}
 	c.future.AfterDone(func() {
 		cancel()
 		c.notifyMu.Lock()

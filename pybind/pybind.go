@@ -36,9 +36,12 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 )
 
-// pyMethod is the method every Python-level message is sent to; Python reads its kind from
-// the payload.
-const pyMethod = "py"
+// PyMethod is the method every pickled Python-level message is sent to; Python reads its
+// kind from the payload. Other methods carry msgpack (core.Func, rpc.expose).
+const PyMethod = "py"
+
+// reservedPrefix starts the names of the core's own methods.
+const reservedPrefix = "_tensorplay/"
 
 // BorrowThreshold is the message size from which Python has Go send its memory in place
 // instead of copying it: the chunk size, since a message of one chunk or less is copied into

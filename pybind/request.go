@@ -1,6 +1,9 @@
 package pybind
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/tensorplay/tensorplay-rpc/core"
 )
 
@@ -26,6 +29,26 @@ type Request struct {
 
 // Valid reports whether the request is real (gopy turns a nil *Request into an empty one).
 func (r *Request) Valid() bool { return r != nil && r.call != nil }
+
+// Method is the method called: PyMethod, or the name of a function Python exposes.
+func (r *Request) Method() string { return r.call.Method }
+
+// Expose has Python serve calls of method name (a function rpc.expose made callable from
+// other languages), queued with the Python-level ones.
+func (a *Agent) Expose(name string) error {
+	if err := checkExposedName(name); err != nil {
+		return err
+	}
+	a.agent.Register(name, queueHandler{a})
+	return nil
+}
+
+func checkExposedName(name string) error {
+	if name == "" || name == PyMethod || strings.HasPrefix(name, reservedPrefix) || strings.Contains(name, "\n") {
+		return fmt.Errorf("%q cannot be the name of an exposed function: it is empty, holds a newline or is reserved (%q, names starting %q)", name, PyMethod, reservedPrefix)
+	}
+	return nil
+}
 
 // CallerID is the calling worker's id.
 func (r *Request) CallerID() int { return r.call.Caller.ID }

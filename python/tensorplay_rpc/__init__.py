@@ -9,7 +9,7 @@ This module only re-exports. Modules import each other in one direction, all at 
     api ──> backend_registry ──> _agent ──> _native (Go, the only module that calls it)
      │                            ^  │
      └──> rref ──> rref_proxy ────┘  ├──> _owner_table, internal, _buffers
-                                     └──> functions, futures, options, worker_info, constants
+                                     └──> crosslang, functions, futures, options, worker_info, constants
 """
 
 from . import functions
@@ -37,6 +37,7 @@ from .backend_registry import (
     init_backend,
     register_backend,
 )
+from .crosslang import RemoteFunction, expose, remote_function
 from .constants import DEFAULT_INIT_METHOD as _DEFAULT_INIT_METHOD
 from .constants import DEFAULT_NUM_WORKER_THREADS as _DEFAULT_NUM_WORKER_THREADS
 from .constants import DEFAULT_RPC_TIMEOUT_SEC as _DEFAULT_RPC_TIMEOUT_SEC
@@ -52,6 +53,7 @@ __all__ = [
     "BackendValue",
     "Future",
     "PyRRef",
+    "RemoteFunction",
     "RRef",
     "RpcAgent",
     "RpcBackendOptions",
@@ -61,6 +63,7 @@ __all__ = [
     "backend_registered",
     "collect_all",
     "construct_rpc_backend_options",
+    "expose",
     "functions",
     "get_rpc_timeout",
     "get_worker_info",
@@ -71,6 +74,7 @@ __all__ = [
     "new_method",
     "register_backend",
     "remote",
+    "remote_function",
     "rpc_async",
     "rpc_sync",
     "shutdown",

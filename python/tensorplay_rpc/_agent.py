@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import constants
+from . import constants, crosslang
 from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes, scratch
 from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
@@ -141,10 +141,11 @@ class _CallFuture(Future):
     the call only once it has callbacks and no thread waits (Go's Call.Notify), so a call that
     is waited for never wakes it."""
 
-    def __init__(self, agent: "TensorPipeAgent", dest: str, timeout_s: float, prefixed: bool) -> None:
+    def __init__(self, agent: "TensorPipeAgent", dest: str, timeout_s: float, prefixed: bool, function: Optional[str] = None) -> None:
         super().__init__()
         self._agent = agent
         self._dest = dest
+        self._function = function  # the name called, for a call of a remote function (msgpack)
         self._timeout_ms = _to_ms(timeout_s)
         self._prefixed = prefixed  # a remote error's message starts with its type (to_exception)
         self.timed_out = False  # set once the call failed for want of an answer in time
@@ -232,6 +233,8 @@ class _CallFuture(Future):
         else:
             status = go_call.Status()
             payload, buffers = self._agent._read_message(go_call.Result())
+        if self._function is not None:
+            return self._function_outcome(go_call, status, payload)
         if status == _go.StatusOK:
             return deserialize(payload, buffers), None
         self.timed_out = status == _go.StatusTimeout
@@ -240,8 +243,22 @@ class _CallFuture(Future):
                 return None, RemoteException.decode(payload).to_exception(self._prefixed)
             except Exception:
                 return None, RuntimeError(f"On worker {self._dest}: {go_call.ErrorMessage()}")
+        return None, self._call_error(go_call, status)
+
+    def _function_outcome(self, go_call: Any, status: int, payload: Any) -> Tuple[Any, Optional[BaseException]]:
+        """The outcome of a call of a remote function: msgpack, not pickles."""
+        if status == _go.StatusOK:
+            return crosslang.unpack(payload), None
+        self.timed_out = status == _go.StatusTimeout
+        if status == _go.StatusRemoteError:
+            return None, crosslang.error_from(self._dest, go_call.ErrorMessage(), payload)
+        if status == _go.StatusNoHandler:
+            return None, RuntimeError(f"worker {self._dest} serves no function named {self._function!r}: {go_call.ErrorMessage()}")
+        return None, self._call_error(go_call, status)
+
+    def _call_error(self, go_call: Any, status: int) -> RuntimeError:
         text = _CALL_ERRORS.get(status, "{message}")
-        return None, RuntimeError(text.format(dest=self._dest, timeout_ms=self._timeout_ms, message=go_call.ErrorMessage()))
+        return RuntimeError(text.format(dest=self._dest, timeout_ms=self._timeout_ms, message=go_call.ErrorMessage()))
 
 
 # What a failed call raises, by Go status (pybind's Status*; OK and RemoteError are handled
@@ -378,6 +395,10 @@ class TensorPipeAgent(RpcAgent):
     def start(self) -> None:
         """Start running incoming calls and completing futures. Called once the agent is
         installed as the process's agent, since the functions it runs may use the API."""
+        # Names exposed while the worker joined (after start_agent read them) are served too.
+        crosslang.watch_exposed(self._expose)
+        for name in crosslang.exposed_names():
+            self._expose(name)
         for t in self._threads:
             t.start()
         self._completer.start()
@@ -493,19 +514,30 @@ class TensorPipeAgent(RpcAgent):
         ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none. ``prefixed``:
         see RemoteException.to_exception (False for what to_here() raises).
         """
-        if timeout < 0:
-            timeout = self.rpc_timeout
         segments, context = serialize(message)
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
-        fut = _CallFuture(self, dest.name, timeout, prefixed)
+        return self._call(dest, _go.PyMethod, segments, _CallFuture(self, dest.name, self._timeout(timeout), prefixed))
+
+    def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> Future:
+        """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack."""
+        request = crosslang.encode_call(fn, args, kwargs)
+        fut = _CallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
+        return self._call(dest, fn.name, [request], fut)
+
+    def _timeout(self, timeout: float) -> float:
+        """A call's timeout in seconds: negative means the agent's rpc_timeout, 0 none."""
+        return self.rpc_timeout if timeout < 0 else timeout
+
+    def _call(self, dest: WorkerInfo, method: str, segments: List[Any], fut: "_CallFuture") -> "_CallFuture":
+        """Send the message of ``segments`` to ``method`` on ``dest``; ``fut`` gets the reply."""
         table = SegmentTable(segments)
         # Decided here only, and Go obeys: a big message is sent from Python's memory in place,
         # so its buffers must live until the call is done.
         borrowed = table.size >= _go.BorrowThreshold
         try:
-            go_call = self._go_agent.Call(dest.id, table.address, table.count, borrowed, fut._timeout_ms)
+            go_call = self._go_agent.Call(dest.id, method, table.address, table.count, borrowed, fut._timeout_ms)
         except BaseException:
             table.release()
             raise
@@ -596,6 +628,10 @@ class TensorPipeAgent(RpcAgent):
                 _, payload, buffers = s.unpack(count)
             else:
                 payload, buffers = self._read_message(go_request)
+            method = go_request.Method()
+            if method != _go.PyMethod:
+                self._serve_function(go_request, method, payload)
+                return
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
         except BaseException as exc:  # everything the user code raises goes back to the caller
@@ -605,6 +641,23 @@ class TensorPipeAgent(RpcAgent):
             result.future.add_done_callback(lambda fut: self._reply_outcome(go_request, fut))
         else:
             self._reply(go_request, result)
+
+    def _serve_function(self, go_request, name: str, payload: Any) -> None:
+        """Run the function exposed as ``name`` (crosslang.expose) for a caller in any language."""
+        try:
+            reply = crosslang.serve(name, payload)
+        except BaseException as exc:
+            self._fail(go_request, f"{type(exc).__name__}: {exception_text(exc)}", crosslang.error_detail(exc))
+            return
+        table = SegmentTable([reply])
+        try:
+            go_request.Reply(table.address, table.count, table.size >= _go.BorrowThreshold)
+        finally:
+            table.release()
+
+    def _expose(self, name: str) -> None:
+        """Serve the function exposed as ``name`` from now on."""
+        self._go_agent.Expose(name)
 
     def _read_message(self, go_segments: Any) -> Tuple[BufferLike, List[BufferLike]]:
         """Take a received message (a request, a reply) out of Go: its payload and out-of-band
@@ -665,7 +718,9 @@ class TensorPipeAgent(RpcAgent):
 
     def _reply_error(self, go_request, exc: BaseException) -> None:
         summary = f"{type(exc).__name__}: {exception_text(exc)}"
-        detail = RemoteException.capture(exc, repr(self.info)).encode()
+        self._fail(go_request, summary, RemoteException.capture(exc, repr(self.info)).encode())
+
+    def _fail(self, go_request, summary: str, detail: bytes) -> None:
         table = SegmentTable([detail])
         try:
             go_request.Fail(summary, table.address, table.count)
@@ -694,6 +749,7 @@ class TensorPipeAgent(RpcAgent):
 
     def shutdown(self, graceful: bool, timeout: float) -> None:
         """Leave the world (see ``api.shutdown``); waits in slices so Ctrl-C gets through."""
+        crosslang.watch_exposed(self._expose, on=False)
         self._go_agent.BeginShutdown(graceful, _to_ms(timeout))
         try:
             _wait_on_go(self._go_agent.WaitShutdown)
@@ -725,6 +781,7 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
         options.tls_key or "",
         options.tls_ca or "",
         ",".join(options.transport_names()),
+        "\n".join(crosslang.exposed_names()),
     )
     try:
         _wait_on_go(starter.Wait)

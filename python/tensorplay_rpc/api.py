@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlparse
 from . import backend_registry, constants
 from ._agent import TensorPipeAgent, collect_for_wait_all, current_agent, current_agent_or_not_set, function_call, install_agent, require_agent, wait_all_on_exit
 from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
+from .crosslang import RemoteFunction
 from .backend_registry import BackendType
 from .futures import Future
 from .options import RpcBackendOptions
@@ -215,8 +216,10 @@ def rpc_async(
     ``timeout`` is in seconds: -1 uses the agent's rpc_timeout, 0 means no timeout.
     """
     agent = require_agent()
-    call = function_call(func, args, kwargs)
-    fut = agent.rpc_async(agent.destination(to), call, timeout)
+    if isinstance(func, RemoteFunction):
+        fut = agent.call_function(agent.destination(to), func, args, kwargs, timeout)
+    else:
+        fut = agent.rpc_async(agent.destination(to), function_call(func, args, kwargs), timeout)
     collect_for_wait_all(fut)
     return fut
 
@@ -234,8 +237,9 @@ def rpc_sync(
     exception raised by ``func`` is raised here with the remote traceback in its message.
     """
     agent = require_agent()
-    call = function_call(func, args, kwargs)
-    return agent.rpc_sync(agent.destination(to), call, timeout)
+    if isinstance(func, RemoteFunction):
+        return agent.call_function(agent.destination(to), func, args, kwargs, timeout).wait()
+    return agent.rpc_sync(agent.destination(to), function_call(func, args, kwargs), timeout)
 
 
 def remote(
@@ -252,8 +256,9 @@ def remote(
     bounds the creation: if it passes, ``to_here()`` raises a timeout error.
     """
     agent = require_agent()
-    call = function_call(func, args, kwargs)
-    return remote_rref(agent, agent.destination(to), call, timeout)
+    if isinstance(func, RemoteFunction):
+        raise TypeError(f"remote() cannot run {func!r}: an RRef's value must live in a Python worker; use rpc_sync or rpc_async")
+    return remote_rref(agent, agent.destination(to), function_call(func, args, kwargs), timeout)
 
 
 class AllGatherStates:

@@ -1,0 +1,141 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Calls between languages carry msgpack values: a request's payload is the msgpack array of
+// the call's arguments, in order, and a reply's payload the msgpack encoding of the result.
+// Python workers speak it for the functions they expose (rpc.expose) and for the Go handlers
+// they call (rpc.remote_function); Func and CallFunc speak it in Go.
+
+var (
+	contextType = reflect.TypeFor[context.Context]()
+	errorType   = reflect.TypeFor[error]()
+)
+
+// Func adapts a plain Go function to a Handler that Python workers (rpc.remote_function) and
+// CallFunc can call. f's first parameter is a context.Context, done when the caller gives up;
+// its other parameters take the call's arguments in order, decoded from msgpack; it returns
+// a result and an error, or only an error (the reply is then nil). A call with the wrong
+// number of arguments, or one that does not decode into its parameter's type, fails naming
+// it. Func panics if f is not such a function: that is a mistake in the program, found when
+// it registers the handler.
+func Func(f any) Handler {
+	fn := reflect.ValueOf(f)
+	t := fn.Type()
+	if t.Kind() != reflect.Func || t.NumIn() == 0 || t.In(0) != contextType || t.IsVariadic() ||
+		t.NumOut() == 0 || t.NumOut() > 2 || t.Out(t.NumOut()-1) != errorType {
+		panic(fmt.Sprintf("core.Func: %s is not a func(context.Context, args...) (result, error) or func(context.Context, args...) error", t))
+	}
+	return HandlerFunc(func(ctx context.Context, req Message) (Message, error) {
+		in, err := decodeArgs(t, req.Payload)
+		if err != nil {
+			return Message{}, err
+		}
+		in[0] = reflect.ValueOf(ctx)
+		out := fn.Call(in)
+		if err, _ := out[len(out)-1].Interface().(error); err != nil {
+			return Message{}, err
+		}
+		var result any
+		if len(out) == 2 {
+			result = out[0].Interface()
+		}
+		payload, err := msgpack.Marshal(result)
+		if err != nil {
+			return Message{}, fmt.Errorf("the result (a %s) cannot be sent as msgpack: %w", out[0].Type(), err)
+		}
+		return Message{Payload: payload}, nil
+	})
+}
+
+// decodeArgs decodes a call's msgpack array of arguments into the parameters of t after its
+// context; in[0] is left for the context.
+func decodeArgs(t reflect.Type, payload []byte) ([]reflect.Value, error) {
+	dec := msgpack.NewDecoder(bytes.NewReader(payload))
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, fmt.Errorf("the arguments are not a msgpack array: %w", err)
+	}
+	if want := t.NumIn() - 1; n != want {
+		return nil, fmt.Errorf("takes %d argument(s), got %d", want, max(n, 0))
+	}
+	in := make([]reflect.Value, t.NumIn())
+	for i := 1; i < t.NumIn(); i++ {
+		v := reflect.New(t.In(i))
+		if err := dec.DecodeValue(v); err != nil {
+			return nil, fmt.Errorf("argument %d does not decode into %s: %w", i, t.In(i), err)
+		}
+		in[i] = v.Elem()
+	}
+	return in, nil
+}
+
+// CallFunc calls method on worker to with args, sent as msgpack, and decodes the result into
+// an R: the way to call a Func handler, or a function a Python worker exposes (rpc.expose).
+// An exception the Python function raised comes back as a *PythonError; a Go handler's error
+// as a *RemoteError.
+func CallFunc[R any](ctx context.Context, a *Agent, to, method string, args ...any) (R, error) {
+	var result R
+	if args == nil {
+		args = []any{} // an array, not nil
+	}
+	payload, err := msgpack.Marshal(args)
+	if err != nil {
+		return result, fmt.Errorf("the arguments to %q cannot be sent as msgpack: %w", method, err)
+	}
+	resp, err := a.Call(ctx, to, method, Message{Payload: payload})
+	if err != nil {
+		return result, pythonError(err)
+	}
+	defer resp.Release()
+	if err := msgpack.Unmarshal(resp.Payload, &result); err != nil {
+		return result, fmt.Errorf("the result of %q on worker %q does not decode into %T: %w", method, to, result, err)
+	}
+	return result, nil
+}
+
+// PythonError is an exception raised by a Python function that a Go program called.
+type PythonError struct {
+	// Worker is the name of the worker the function ran on.
+	Worker string
+	// Type is the exception's class name, Message its text, Traceback the remote traceback.
+	Type, Message, Traceback string
+
+	remote *RemoteError
+}
+
+func (e *PythonError) Error() string {
+	return fmt.Sprintf("on worker %q: %s: %s", e.Worker, e.Type, e.Message)
+}
+
+// Unwrap returns the RemoteError the exception came in.
+func (e *PythonError) Unwrap() error { return e.remote }
+
+// pythonErrorDetail is the detail a Python worker attaches to the failure of an exposed
+// function, in msgpack.
+type pythonErrorDetail struct {
+	Type      string `msgpack:"type"`
+	Message   string `msgpack:"message"`
+	Traceback string `msgpack:"traceback"`
+}
+
+// pythonError turns a RemoteError that carries a Python exception into a *PythonError.
+func pythonError(err error) error {
+	var re *RemoteError
+	if !errors.As(err, &re) || len(re.Payload.Payload) == 0 {
+		return err
+	}
+	var d pythonErrorDetail
+	if msgpack.Unmarshal(re.Payload.Payload, &d) != nil || d.Type == "" {
+		return err
+	}
+	return &PythonError{Worker: re.Worker, Type: d.Type, Message: d.Message, Traceback: d.Traceback, remote: re}
+}

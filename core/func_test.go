@@ -1,0 +1,132 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+type point struct {
+	X, Y float64
+}
+
+func TestFuncHandlersDecodeArgumentsAndEncodeResults(t *testing.T) {
+	handlers := map[string]core.Handler{
+		"add":   core.Func(func(_ context.Context, a, b int64) (int64, error) { return a + b, nil }),
+		"scale": core.Func(func(_ context.Context, p point, k float64) (point, error) { return point{p.X * k, p.Y * k}, nil }),
+		"fail":  core.Func(func(_ context.Context, why string) (string, error) { return "", errors.New("failed: " + why) }),
+		"check": core.Func(func(_ context.Context, n int) error {
+			if n < 0 {
+				return fmt.Errorf("%d is negative", n)
+			}
+			return nil
+		}),
+		"wait": core.Func(func(ctx context.Context) (string, error) { <-ctx.Done(); return "", ctx.Err() }),
+	}
+	c := coretest.New(t, 2, coretest.Options{Handlers: handlers})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a := c.Agents[0]
+
+	if got, err := core.CallFunc[int64](ctx, a, "w1", "add", 2, 40); err != nil || got != 42 {
+		t.Errorf("add: %v, %v; want 42", got, err)
+	}
+	if got, err := core.CallFunc[point](ctx, a, "w1", "scale", point{1, -2}, 3); err != nil || got != (point{3, -6}) {
+		t.Errorf("scale: %v, %v; want {3 -6}", got, err)
+	}
+	if got, err := core.CallFunc[any](ctx, a, "w1", "check", 5); err != nil || got != nil {
+		t.Errorf("check(5): %v, %v; want nil, nil", got, err)
+	}
+
+	failures := []struct {
+		name, method string
+		args         []any
+		want         string
+	}{
+		{"a handler's error", "fail", []any{"on purpose"}, "failed: on purpose"},
+		{"an error-only handler's error", "check", []any{-1}, "-1 is negative"},
+		{"too few arguments", "add", []any{1}, "takes 2 argument(s), got 1"},
+		{"too many arguments", "add", []any{1, 2, 3}, "takes 2 argument(s), got 3"},
+		{"an argument of the wrong type", "add", []any{"x", 2}, "argument 1 does not decode into int64"},
+		{"no such method", "nope", nil, "nope"},
+	}
+	for _, f := range failures {
+		t.Run(f.name, func(t *testing.T) {
+			_, err := core.CallFunc[any](ctx, a, "w1", f.method, f.args...)
+			if err == nil || !strings.Contains(err.Error(), f.want) || !strings.Contains(err.Error(), "w1") {
+				t.Fatalf("err %v, want one naming w1 and saying %q", err, f.want)
+			}
+		})
+	}
+
+	t.Run("a result of the wrong type", func(t *testing.T) {
+		_, err := core.CallFunc[string](ctx, a, "w1", "add", 1, 2)
+		if err == nil || !strings.Contains(err.Error(), "does not decode into string") {
+			t.Fatalf("err %v, want a decode error", err)
+		}
+	})
+	t.Run("the caller's deadline reaches the function", func(t *testing.T) {
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		_, err := core.CallFunc[string](short, a, "w1", "wait")
+		if !errors.Is(err, core.ErrTimeout) {
+			t.Fatalf("err %v, want ErrTimeout", err)
+		}
+	})
+}
+
+func TestFuncRefusesFunctionsOfTheWrongShape(t *testing.T) {
+	cases := []struct {
+		name string
+		f    any
+	}{
+		{"not a function", 42},
+		{"no context", func(a int) (int, error) { return a, nil }},
+		{"no error", func(context.Context, int) int { return 0 }},
+		{"three results", func(context.Context) (int, int, error) { return 0, 0, nil }},
+		{"variadic", func(context.Context, ...int) error { return nil }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "core.Func") {
+					t.Fatalf("recovered %v, want a panic naming core.Func", r)
+				}
+			}()
+			core.Func(c.f)
+		})
+	}
+}
+
+// A Python exception comes back from an exposed function as a *PythonError: the failure a
+// Python worker sends carries msgpack detail, which a Go handler can send too.
+func TestPythonErrorsAreTyped(t *testing.T) {
+	detail, _ := msgpack.Marshal(map[string]string{"type": "ValueError", "message": "bad", "traceback": "Traceback ...\nValueError: bad\n"})
+	handlers := map[string]core.Handler{
+		"raise": core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) {
+			return core.Message{}, core.NewRemoteError("ValueError: bad", core.Message{Payload: detail})
+		}),
+	}
+	c := coretest.New(t, 2, coretest.Options{Handlers: handlers})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := core.CallFunc[any](ctx, c.Agents[0], "w1", "raise")
+	var pe *core.PythonError
+	if !errors.As(err, &pe) {
+		t.Fatalf("err %v (%T), want a *core.PythonError", err, err)
+	}
+	if pe.Worker != "w1" || pe.Type != "ValueError" || pe.Message != "bad" || !strings.Contains(pe.Traceback, "ValueError: bad") {
+		t.Fatalf("got %+v", pe)
+	}
+	var re *core.RemoteError
+	if !errors.As(err, &re) || re.Worker != "w1" {
+		t.Fatalf("a PythonError must unwrap to its RemoteError, got %v", re)
+	}
+}

@@ -1,0 +1,99 @@
+// Command goworker is a Go program that joins a world of Python workers as a worker of its
+// own: Python calls its Go functions by name (rpc.remote_function), and it calls a function a
+// Python worker exposes (rpc.expose). It reads MASTER_ADDR and MASTER_PORT as Python workers do.
+//
+//	MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 go run ./examples/goworker -name feature-store -rank 2 -world-size 3 -python trainer
+//
+// With -python it calls train_step and boom on that worker and prints each outcome as a line
+// of JSON; then it leaves with the world (a graceful shutdown: it serves until every worker
+// has called shutdown).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core"
+)
+
+// lookup is a stand-in feature store: the features of each id.
+func lookup(_ context.Context, ids []int64) (map[string][]float64, error) {
+	out := make(map[string][]float64, len(ids))
+	for _, id := range ids {
+		if id < 0 {
+			return nil, fmt.Errorf("no features for id %d", id)
+		}
+		out[fmt.Sprint(id)] = []float64{float64(id), float64(id) * 0.5}
+	}
+	return out, nil
+}
+
+func add(_ context.Context, a, b float64) (float64, error) { return a + b, nil }
+
+// sleep waits, or gives up when the caller does.
+func sleep(ctx context.Context, seconds float64) (string, error) {
+	log.Printf("sleeping %g s for a caller", seconds)
+	select {
+	case <-time.After(time.Duration(seconds * float64(time.Second))):
+		return "slept", nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+func main() {
+	name := flag.String("name", "feature-store", "this worker's name")
+	rank := flag.Int("rank", 0, "this worker's rank")
+	worldSize := flag.Int("world-size", 1, "the number of workers in the world")
+	python := flag.String("python", "", "a Python worker to call train_step and boom on")
+	flag.Parse()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	agent, err := core.Start(ctx, core.Config{
+		Name: *name, Rank: *rank, WorldSize: *worldSize,
+		Token: os.Getenv("TENSORPLAY_RPC_TOKEN"),
+		Handlers: map[string]core.Handler{
+			"lookup": core.Func(lookup),
+			"add":    core.Func(add),
+			"sleep":  core.Func(sleep),
+		},
+	})
+	if err != nil {
+		log.Fatalf("join the world: %v", err)
+	}
+	if *python != "" {
+		callPython(ctx, agent, *python)
+	}
+	if err := agent.Shutdown(ctx, true); err != nil {
+		log.Fatalf("shutdown: %v", err)
+	}
+}
+
+// callPython calls two functions a Python worker exposes and prints what each did.
+func callPython(ctx context.Context, agent *core.Agent, worker string) {
+	out := json.NewEncoder(os.Stdout)
+	step, err := core.CallFunc[map[string]float64](ctx, agent, worker, "train_step", []float32{1, 2, 3.5}, 0.1)
+	out.Encode(map[string]any{"call": "train_step", "result": step, "error": errText(err)})
+
+	_, err = core.CallFunc[any](ctx, agent, worker, "boom", "on purpose")
+	var pyErr *core.PythonError
+	if errors.As(err, &pyErr) {
+		out.Encode(map[string]any{"call": "boom", "type": pyErr.Type, "message": pyErr.Message, "traceback": pyErr.Traceback, "worker": pyErr.Worker})
+	} else {
+		out.Encode(map[string]any{"call": "boom", "error": errText(err)})
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

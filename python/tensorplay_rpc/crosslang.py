@@ -1,0 +1,174 @@
+"""Calls between Python workers and workers written in other languages (Go programs on the
+core, ``core.Func`` and ``core.CallFunc``), by function name.
+
+Python calls a function another worker serves with :func:`remote_function`; Python serves a
+function to every language with :func:`expose`. Arguments and results travel as msgpack, not
+pickles: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists and tuples (which
+arrive as lists) and dicts. The request is the msgpack array of the positional arguments, the
+reply the result; anything else is a ``TypeError`` on the side that tried to send it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any, Callable, Dict, List, Optional, TypeVar, Union, overload
+
+import msgpack
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RemoteFunction:
+    """A function another worker serves under ``name`` (a Go handler registered with
+    ``core.Func``, or a Python function it exposed). Pass it to :func:`rpc_sync` or
+    :func:`rpc_async` in place of a Python callable; it cannot be called here."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a remote function's name must be a non-empty str, got {name!r}")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"remote_function({self.name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteFunction) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("RemoteFunction", self.name))
+
+
+def remote_function(name: str) -> RemoteFunction:
+    """The function worker ``to`` serves under ``name``, for
+    ``rpc_sync(to, remote_function(name), args=(...))`` and ``rpc_async``. Arguments go by
+    position and, like the result, as msgpack."""
+    return RemoteFunction(name)
+
+
+_exposed: Dict[str, Callable[..., Any]] = {}
+_exposed_lock = threading.Lock()
+# Called with each name exposed while an agent runs, so it serves the name at once.
+_on_expose: List[Callable[[str], None]] = []
+
+
+@overload
+def expose(name: F) -> F: ...
+@overload
+def expose(name: str, fn: None = None) -> Callable[[F], F]: ...
+@overload
+def expose(name: str, fn: F) -> F: ...
+
+
+def expose(name: Union[str, Callable[..., Any]], fn: Optional[Callable[..., Any]] = None) -> Any:
+    """Serve ``fn`` to callers in any language (a Go program's ``core.CallFunc``, or Python's
+    :func:`remote_function`) under ``name``. Three forms::
+
+        @rpc.expose                  # under the function's own name
+        def train_step(batch): ...
+
+        @rpc.expose("train_step")
+        def step(batch): ...
+
+        rpc.expose("train_step", step)
+
+    Functions exposed before :func:`init_rpc` are served from the moment the worker joins;
+    later ones from the moment ``expose`` returns. Exposing a name again replaces the function.
+    """
+    if callable(name) and fn is None:
+        return expose(name.__name__, name)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an exposed function's name must be a non-empty str, got {name!r}")
+    if fn is None:
+        return lambda f: expose(name, f)
+    if not callable(fn):
+        raise TypeError(f"expose({name!r}, ...) needs a callable, got {type(fn).__name__}")
+    with _exposed_lock:
+        _exposed[name] = fn
+        listeners = list(_on_expose)
+    for listener in listeners:
+        listener(name)
+    return fn
+
+
+def exposed_names() -> List[str]:
+    """The names of the functions exposed so far."""
+    with _exposed_lock:
+        return sorted(_exposed)
+
+
+def watch_exposed(listener: Callable[[str], None], on: bool = True) -> None:
+    """Have ``listener(name)`` called for each name exposed from now on (``on=False``: stop)."""
+    with _exposed_lock:
+        if on:
+            _on_expose.append(listener)
+        elif listener in _on_expose:
+            _on_expose.remove(listener)
+
+
+def pack(value: Any, what: str) -> bytes:
+    """``value`` in msgpack; a ``TypeError`` naming ``what`` if msgpack cannot carry it."""
+    try:
+        return msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"{what} cannot be sent as msgpack: {exc}") from None
+
+
+def unpack(data: Any) -> Any:
+    """The value msgpack bytes hold; dicts may have keys of any type."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict]) -> bytes:
+    """The request of a call of ``fn``: its positional arguments as a msgpack array."""
+    if kwargs:
+        raise TypeError(
+            f"{fn!r} takes its arguments by position only (they may go to another language), "
+            f"got keyword arguments {sorted(kwargs)}"
+        )
+    return pack(list(args or ()), f"an argument of {fn!r}")
+
+
+def serve(name: str, payload: Any) -> bytes:
+    """Run the exposed function ``name`` on the call's arguments and return its reply."""
+    with _exposed_lock:
+        fn = _exposed.get(name)
+    if fn is None:
+        raise LookupError(f"no function is exposed under {name!r}")
+    args = unpack(payload)
+    if not isinstance(args, list):
+        raise TypeError(f"the arguments to {name!r} are not a msgpack array but a {type(args).__name__}")
+    return pack(fn(*args), f"the result of {name!r}")
+
+
+def error_detail(exc: BaseException) -> bytes:
+    """What a failed exposed function sends back beside its message: the exception's type
+    name, message and traceback (a Go caller reads them into a ``core.PythonError``)."""
+    return pack(
+        {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        },
+        "an error",
+    )
+
+
+def error_from(worker: str, message: str, detail: Any) -> RuntimeError:
+    """The error a failed call of a remote function raises: a ``RuntimeError`` naming the
+    worker, with the remote exception's type and traceback when a Python function raised it."""
+    try:
+        fields = unpack(detail) if detail is not None and len(detail) else None
+    except Exception:
+        fields = None
+    if isinstance(fields, dict) and isinstance(fields.get("type"), str):
+        text = f"On worker {worker}: {fields['type']}: {fields.get('message', '')}"
+        if fields.get("traceback"):
+            text += f"\n\nRemote traceback:\n{fields['traceback']}"
+        return RuntimeError(text)
+    return RuntimeError(f"On worker {worker}: {message}")

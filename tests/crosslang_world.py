@@ -1,0 +1,85 @@
+"""A Python worker of a world with a Go worker (examples/goworker), for tests/test_crosslang.py.
+
+    python crosslang_world.py RANK OUT_JSON [killed]
+
+MASTER_ADDR and MASTER_PORT locate the store. Rank 0 is "trainer": it exposes train_step and
+boom to every language and calls the Go worker's functions, writing what each call did to
+OUT_JSON. Rank 1 is "helper": it exposes "double", which the trainer calls by name too.
+With "killed", the world is the trainer and the Go worker (rank 1) alone, and the trainer
+makes one long call, during which the test kills the Go worker.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import tensorplay_rpc as rpc
+
+RANK, OUT = int(sys.argv[1]), sys.argv[2]
+KILLED = sys.argv[3:] == ["killed"]
+GO = "feature-store"
+
+
+@rpc.expose
+def train_step(batch, lr):
+    """Go calls this with a list of floats and a float."""
+    return {"loss": float(sum(batch)) * lr, "n": float(len(batch))}
+
+
+@rpc.expose("boom")
+def explode(why):
+    raise ValueError(f"boom: {why}")
+
+
+def double(x):
+    return x * 2
+
+
+def outcome(fn):
+    """What fn() did: its value, or its exception's type and message."""
+    started = time.monotonic()
+    try:
+        value = fn()
+        return {"value": value, "seconds": time.monotonic() - started}
+    except Exception as exc:
+        return {"type": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - started}
+
+
+if KILLED:
+    rpc.init_rpc("trainer", rank=0, world_size=2)
+    out = {"killed": outcome(lambda: rpc.rpc_sync(GO, rpc.remote_function("sleep"), args=(60,), timeout=0))}
+    rpc.shutdown()
+    with open(OUT, "w") as fh:
+        json.dump(out, fh)
+    sys.exit(0)
+
+if RANK == 1:
+    rpc.expose("double", double)  # after the decorator form: the call form
+name = "trainer" if RANK == 0 else "helper"
+rpc.init_rpc(name, rank=RANK, world_size=3)
+out = {}
+if RANK == 0:
+    f = rpc.remote_function
+    out["add"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(2, 3.5)))
+    out["add_async"] = outcome(lambda: rpc.rpc_async(GO, f("add"), args=(1.25, 1)).wait())
+    out["lookup"] = outcome(lambda: rpc.rpc_sync(GO, f("lookup"), args=([3, 4],)))
+    out["lookup_error"] = outcome(lambda: rpc.rpc_sync(GO, f("lookup"), args=([1, -7],)))
+    out["wrong_arg_count"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(1,)))
+    out["wrong_arg_type"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=("one", 2)))
+    out["no_such_function"] = outcome(lambda: rpc.rpc_sync(GO, f("nope"), args=()))
+    out["timeout"] = outcome(lambda: rpc.rpc_sync(GO, f("sleep"), args=(30,), timeout=0.5))
+    out["kwargs"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(1,), kwargs={"b": 2}))
+    out["unsendable"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(object(), 1)))
+    out["remote"] = outcome(lambda: rpc.remote(GO, f("add"), args=(1, 2)))
+    out["python_by_name"] = outcome(lambda: rpc.rpc_sync("helper", f("double"), args=([1, "a"],)))
+    out["python_by_name_error"] = outcome(lambda: rpc.rpc_sync(name, f("boom"), args=("self",)))
+    # A function exposed after init_rpc is served at once.
+    rpc.expose("late", lambda: "late")
+    out["late"] = outcome(lambda: rpc.rpc_sync(name, f("late")))
+    out["after_calls"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(np.float64(1.5).item(), 0)))
+rpc.shutdown()
+with open(OUT, "w") as fh:
+    json.dump(out, fh)

@@ -1,0 +1,146 @@
+"""Go programs in a world of Python workers (issue 13): Python calls Go functions by name
+(rpc.remote_function), Go calls functions Python exposes (rpc.expose), with msgpack values
+and errors that cross both ways. The Go worker is examples/goworker, built here."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import pytest
+
+from conftest import end_processes, free_port
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+WORLD = os.path.join(TESTS_DIR, "crosslang_world.py")
+WORLD_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def goworker(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The example Go worker, built from examples/goworker."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    out = str(tmp_path_factory.mktemp("goworker") / "goworker")
+    proc = subprocess.run([go, "build", "-o", out, "./examples/goworker"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"go build failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+def run_mixed_world(goworker: str, tmp: str) -> "tuple[Dict, List[Dict]]":
+    """Run the trainer, the helper and the Go worker; the trainer's outcomes and the Go
+    worker's printed lines."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    out = os.path.join(tmp, "trainer.json")
+    procs = [
+        subprocess.Popen([sys.executable, WORLD, "0", out], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        subprocess.Popen([sys.executable, WORLD, "1", os.path.join(tmp, "helper.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        subprocess.Popen([goworker, "-name", "feature-store", "-rank", "2", "-world-size", "3", "-python", "trainer"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+    ]
+    try:
+        outputs = []
+        deadline = time.monotonic() + WORLD_TIMEOUT_S
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            assert p.returncode == 0, f"{p.args} ended with {p.returncode}:\n{stdout}\n{stderr[-3000:]}"
+            outputs.append(stdout)
+    finally:
+        end_processes(procs)
+    with open(out) as f:
+        trainer = json.load(f)
+    return trainer, [json.loads(line) for line in outputs[2].splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def mixed_world(goworker, tmp_path_factory):
+    return run_mixed_world(goworker, str(tmp_path_factory.mktemp("mixed")))
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+@pytest.mark.parametrize(
+    "call, value",
+    [
+        ("add", 5.5),
+        ("add_async", 2.25),
+        ("lookup", {"3": [3.0, 1.5], "4": [4.0, 2.0]}),
+        ("python_by_name", [1, "a", 1, "a"]),
+        ("late", "late"),
+        ("after_calls", 1.5),
+    ],
+)
+def test_python_calls_functions_by_name(mixed_world, call, value):
+    got = mixed_world[0][call]
+    assert got.get("value") == value, got
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+@pytest.mark.parametrize(
+    "call, error_type, words",
+    [
+        # A Go handler's error: a RuntimeError naming the Go worker, with the handler's text.
+        ("lookup_error", "RuntimeError", ["feature-store", "no features for id -7"]),
+        ("wrong_arg_count", "RuntimeError", ["feature-store", "takes 2 argument(s), got 1"]),
+        ("wrong_arg_type", "RuntimeError", ["feature-store", "argument 1 does not decode into float64"]),
+        ("no_such_function", "RuntimeError", ["feature-store", "serves no function named 'nope'"]),
+        ("timeout", "RuntimeError", ["timed out", "feature-store"]),
+        # Refused before sending: what cannot cross is an error on the side that tried.
+        ("kwargs", "TypeError", ["by position only", "['b']"]),
+        ("unsendable", "TypeError", ["cannot be sent as msgpack"]),
+        ("remote", "TypeError", ["must live in a Python worker"]),
+        # A Python function's exception, called by name: its type, message and traceback.
+        ("python_by_name_error", "RuntimeError", ["On worker trainer: ValueError: boom: self", "Remote traceback", "in explode"]),
+    ],
+)
+def test_errors_cross_and_name_what_failed(mixed_world, call, error_type, words):
+    got = mixed_world[0][call]
+    assert got.get("type") == error_type, got
+    for w in words:
+        assert w in got["message"], (w, got)
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+def test_a_timed_out_go_call_returns_on_time(mixed_world):
+    assert mixed_world[0]["timeout"]["seconds"] < 10, mixed_world[0]["timeout"]
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+def test_go_calls_functions_python_exposes(mixed_world):
+    lines = {line["call"]: line for line in mixed_world[1]}
+    step = lines["train_step"]
+    assert step["error"] == "", step
+    assert step["result"] == {"loss": pytest.approx(6.5 * 0.1), "n": 3.0}, step
+    boom = lines["boom"]
+    assert boom.get("type") == "ValueError", boom
+    assert boom["message"] == "boom: on purpose" and boom["worker"] == "trainer", boom
+    assert "in explode" in boom["traceback"] and "ValueError: boom: on purpose" in boom["traceback"], boom
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+def test_a_go_worker_killed_mid_call_fails_the_call_at_once_naming_it(goworker, tmp_path):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    out = str(tmp_path / "trainer.json")
+    trainer = subprocess.Popen([sys.executable, WORLD, "0", out, "killed"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    go = subprocess.Popen([goworker, "-name", "feature-store", "-rank", "1", "-world-size", "2"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # The Go worker logs when the call reaches it; then it dies.
+        deadline = time.monotonic() + WORLD_TIMEOUT_S
+        for line in go.stderr:
+            if "sleeping 60 s" in line:
+                break
+            assert time.monotonic() < deadline, "the call never reached the Go worker"
+        else:
+            pytest.fail(f"the Go worker ended before the call reached it (exit {go.wait()})")
+        go.kill()
+        stdout, stderr = trainer.communicate(timeout=max(1, deadline - time.monotonic()))
+        assert trainer.returncode == 0, f"the trainer ended with {trainer.returncode}:\n{stdout}\n{stderr[-3000:]}"
+    finally:
+        end_processes([trainer, go])
+    with open(out) as f:
+        killed = json.load(f)["killed"]
+    assert killed.get("type") == "RuntimeError" and "feature-store" in killed["message"], killed
+    assert killed["seconds"] < 10, killed  # failed by the death, not by a timeout (there is none)

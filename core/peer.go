@@ -175,6 +175,8 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	c.writer.takeRefOps = func(limit int) ([]wire.RefOp, uint64) { return p.takeRefOps(gen, limit) }
 	self := p.agent.self
 	if err := c.writer.sendFrame(wire.HelloFrame(self.Name, self.ID, p.agent.epoch)); err != nil {
+		err = fmt.Errorf("%w: cannot open a stream to worker %q at %s: %w", ErrPeerLost, p.info.Name, p.info.Addr, err)
+		c.writer.close(err) // ends its goroutine
 		c.cancel()
 		s.Close()
 		return nil, err

@@ -11,7 +11,6 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
-	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -59,25 +58,13 @@ func TestBigMessagesTravelInChunks(t *testing.T) {
 	})
 }
 
-// slowChunks is a transport whose streams take a millisecond to send each chunk, so a big
-// transfer lasts long enough to watch small calls pass it.
-type slowChunks struct{ transport.Transport }
-
-func (t slowChunks) Dial(ctx context.Context, addr string) (transport.Stream, error) {
-	s, err := t.Transport.Dial(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	return slowStream{s}, nil
-}
-
-type slowStream struct{ transport.Stream }
-
-func (s slowStream) Send(f *wire.Frame) error {
+// slowChunks makes each chunk take a millisecond to send, so a big transfer lasts long enough
+// to watch small calls pass it.
+func slowChunks(f *wire.Frame) error {
 	if f.Kind == wire.FrameChunk {
 		time.Sleep(time.Millisecond)
 	}
-	return s.Stream.Send(f)
+	return nil
 }
 
 func TestSmallCallsOvertakeABigTransfer(t *testing.T) {
@@ -85,7 +72,7 @@ func TestSmallCallsOvertakeABigTransfer(t *testing.T) {
 	handlers["sink"] = core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) { return core.Message{}, nil })
 	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: handlers, ChunkSize: 64 << 10})
 	for i := range cfgs {
-		cfgs[i].Transport = slowChunks{cfgs[i].Transport}
+		cfgs[i].Transport = coretest.SendHooked(cfgs[i].Transport, slowChunks)
 	}
 	c := coretest.Start(t, cfgs)
 	// 1024 chunks at a millisecond each: the transfer lasts at least a second.

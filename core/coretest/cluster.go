@@ -16,6 +16,7 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // Cluster is a world of agents in this process.
@@ -188,4 +189,35 @@ func GRPCAddr(a *core.Agent) string { return transport.NetworkAddr(a.Self().Addr
 func SHMAddr(a *core.Agent) string {
 	addr, _ := transport.ChoiceAddr(a.Self().Addr, core.TransportSHM)
 	return addr
+}
+
+// SendHooked is a transport whose dialed streams call onSend before each Send: a test's delay,
+// or with an error a failure, on one side's sends.
+func SendHooked(t transport.Transport, onSend func(*wire.Frame) error) transport.Transport {
+	return sendHooked{t, onSend}
+}
+
+type sendHooked struct {
+	transport.Transport
+	onSend func(*wire.Frame) error
+}
+
+func (t sendHooked) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	s, err := t.Transport.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return hookedStream{s, t.onSend}, nil
+}
+
+type hookedStream struct {
+	transport.Stream
+	onSend func(*wire.Frame) error
+}
+
+func (s hookedStream) Send(f *wire.Frame) error {
+	if err := s.onSend(f); err != nil {
+		return err
+	}
+	return s.Stream.Send(f)
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // Calls between languages carry msgpack values: a request's payload is the msgpack array of
-// the call's arguments, in order, and a reply's payload the msgpack encoding of the result.
+// the call's arguments, in order, and a reply's payload the msgpack encoding of the result;
+// the data of each Array in them travels in a buffer of the message, beside the msgpack.
 // Python workers speak it for the functions they expose (rpc.expose) and for the Go handlers
 // they call (rpc.remote_function); Func and CallFunc speak it in Go.
 
@@ -35,7 +36,7 @@ func Func(f any) Handler {
 		panic(fmt.Sprintf("core.Func: %s is not a func(context.Context, args...) (result, error) or func(context.Context, args...) error", t))
 	}
 	return HandlerFunc(func(ctx context.Context, req Message) (Message, error) {
-		in, err := decodeArgs(t, req.Payload)
+		in, err := decodeArgs(t, req)
 		if err != nil {
 			return Message{}, err
 		}
@@ -48,18 +49,19 @@ func Func(f any) Handler {
 		if len(out) == 2 {
 			result = out[0].Interface()
 		}
-		payload, err := msgpack.Marshal(result)
+		reply, err := encodeValue(result)
 		if err != nil {
 			return Message{}, fmt.Errorf("the result (a %s) cannot be sent as msgpack: %w", out[0].Type(), err)
 		}
-		return Message{Payload: payload}, nil
+		return reply, nil
 	})
 }
 
 // decodeArgs decodes a call's msgpack array of arguments into the parameters of t after its
 // context; in[0] is left for the context.
-func decodeArgs(t reflect.Type, payload []byte) ([]reflect.Value, error) {
-	dec := msgpack.NewDecoder(bytes.NewReader(payload))
+func decodeArgs(t reflect.Type, req Message) ([]reflect.Value, error) {
+	dec, done := newDecoder(req)
+	defer done()
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return nil, fmt.Errorf("the arguments are not a msgpack array: %w", err)
@@ -87,19 +89,49 @@ func CallFunc[R any](ctx context.Context, a *Agent, to, method string, args ...a
 	if args == nil {
 		args = []any{} // an array, not nil
 	}
-	payload, err := msgpack.Marshal(args)
+	req, err := encodeValue(args)
 	if err != nil {
 		return result, fmt.Errorf("the arguments to %q cannot be sent as msgpack: %w", method, err)
 	}
-	resp, err := a.Call(ctx, to, method, Message{Payload: payload})
+	resp, err := a.Call(ctx, to, method, req)
 	if err != nil {
 		return result, pythonError(err)
 	}
-	defer resp.Release()
-	if err := msgpack.Unmarshal(resp.Payload, &result); err != nil {
+	dec, done := newDecoder(resp)
+	err = dec.Decode(&result)
+	if arrays := done(); arrays == 0 {
+		resp.Release() // no Array of the result points into it
+	}
+	if err != nil {
 		return result, fmt.Errorf("the result of %q on worker %q does not decode into %T: %w", method, to, result, err)
 	}
 	return result, nil
+}
+
+// encodeValue encodes v as a message: v in msgpack in its payload, and the data of each Array
+// in v in a buffer of its own.
+func encodeValue(v any) (Message, error) {
+	var payload bytes.Buffer
+	enc := msgpack.NewEncoder(&payload)
+	var buffers [][]byte
+	encodingBuffers.Store(enc, &buffers)
+	defer encodingBuffers.Delete(enc)
+	if err := enc.Encode(v); err != nil {
+		return Message{}, err
+	}
+	return Message{Payload: payload.Bytes(), Buffers: buffers}, nil
+}
+
+// newDecoder is a decoder of msg's payload whose Arrays find their data in msg's buffers; done
+// forgets it and says how many Arrays it decoded.
+func newDecoder(msg Message) (dec *msgpack.Decoder, done func() (arrays int)) {
+	dec = msgpack.NewDecoder(bytes.NewReader(msg.Payload))
+	d := &decoding{buffers: msg.Buffers}
+	decodingBuffers.Store(dec, d)
+	return dec, func() int {
+		decodingBuffers.Delete(dec)
+		return d.arrays
+	}
 }
 
 // PythonError is an exception raised by a Python function that a Go program called.

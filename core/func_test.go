@@ -130,3 +130,80 @@ func TestPythonErrorsAreTyped(t *testing.T) {
 		t.Fatalf("a PythonError must unwrap to its RemoteError, got %v", re)
 	}
 }
+
+func TestArraysCrossBesideTheMsgpack(t *testing.T) {
+	handlers := map[string]core.Handler{
+		// Scales an array of float32 in place and sends it back: its data is the request's.
+		"scale": core.Func(func(_ context.Context, a core.Array, k float32) (core.Array, error) {
+			xs, err := core.Elements[float32](a)
+			if err != nil {
+				return core.Array{}, err
+			}
+			for i := range xs {
+				xs[i] *= k
+			}
+			return a, nil
+		}),
+		"describe": core.Func(func(_ context.Context, arrays map[string]core.Array) (map[string][]int, error) {
+			out := map[string][]int{}
+			for name, a := range arrays {
+				out[name+":"+a.DType] = a.Shape
+			}
+			return out, nil
+		}),
+	}
+	// Real transports: the in-memory one hands the callee the caller's own memory.
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Handlers: handlers})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a := c.Agents[0]
+
+	data := []float32{1, 2, 3, 4, 5, 6}
+	got, err := core.CallFunc[core.Array](ctx, a, "w1", "scale", core.ArrayOf(data, 2, 3), float32(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xs, err := core.Elements[float32](got)
+	if err != nil || fmt.Sprint(xs) != "[10 20 30 40 50 60]" || fmt.Sprint(got.Shape) != "[2 3]" {
+		t.Fatalf("scale: %v %v %v", xs, got.Shape, err)
+	}
+	if data[0] != 1 {
+		t.Fatal("the caller's array changed: the callee must work on the received copy")
+	}
+	if _, err := core.Elements[int64](got); err == nil || !strings.Contains(err.Error(), "holds float32, not int64") {
+		t.Fatalf("Elements of the wrong type: %v", err)
+	}
+
+	shapes, err := core.CallFunc[map[string][]int](ctx, a, "w1", "describe", map[string]core.Array{
+		"ids":   core.ArrayOf([]int64{1, 2, 3}),
+		"mask":  core.ArrayOf([]bool{true, false}, 1, 2),
+		"bytes": core.ArrayOf([]uint8{}, 0, 4),
+	})
+	if err != nil || fmt.Sprint(shapes) != "map[bytes:uint8:[0 4] ids:int64:[3] mask:bool:[1 2]]" {
+		t.Fatalf("describe: %v, %v", shapes, err)
+	}
+
+	// Decoded into an interface, an array is an Array still.
+	anyResult, err := core.CallFunc[any](ctx, a, "w1", "scale", core.ArrayOf([]float32{1}), float32(2))
+	if arr, ok := anyResult.(core.Array); err != nil || !ok || arr.DType != "float32" {
+		t.Fatalf("scale into any: %#v, %v", anyResult, err)
+	}
+
+	bad := []struct {
+		name  string
+		array core.Array
+		want  string
+	}{
+		{"a short array", core.Array{DType: "float64", Shape: []int{3}, Data: make([]byte, 16)}, "needs 24 bytes, has 16"},
+		{"an unknown dtype", core.Array{DType: "complex64", Shape: []int{1}, Data: make([]byte, 8)}, "dtype"},
+		{"a negative dimension", core.Array{DType: "uint8", Shape: []int{-1}}, "shape [-1]"},
+	}
+	for _, b := range bad {
+		t.Run(b.name, func(t *testing.T) {
+			_, err := core.CallFunc[any](ctx, a, "w1", "scale", b.array, float32(1))
+			if err == nil || !strings.Contains(err.Error(), b.want) {
+				t.Fatalf("err %v, want one saying %q", err, b.want)
+			}
+		})
+	}
+}

@@ -29,6 +29,12 @@ def train_step(batch, lr):
     return {"loss": float(sum(batch)) * lr, "n": float(len(batch))}
 
 
+@rpc.expose
+def normalize(x):
+    """Go calls this with a float64 array; it gets a numpy array, and one goes back."""
+    return x / x.sum()
+
+
 @rpc.expose("boom")
 def explode(why):
     raise ValueError(f"boom: {why}")
@@ -79,6 +85,30 @@ if RANK == 0:
     # A function exposed after init_rpc is served at once.
     rpc.expose("late", lambda: "late")
     out["late"] = outcome(lambda: rpc.rpc_sync(name, f("late")))
+    for dtype in ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"):
+        arr = (np.arange(12) % 2 if dtype == "bool" else np.arange(12) * 3 - 5 * (dtype[0] != "u")).astype(dtype).reshape(3, 4)
+        out[f"stats_{dtype}"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(arr,)))
+        out[f"stats_{dtype}"]["expected"] = {"dtype": dtype, "shape": [3, 4], "sum": float(arr.sum())}
+    big = np.arange(1 << 24, dtype=np.float32)  # 64 MiB
+    out["stats_big"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(big,)))
+    out["stats_big"]["expected"] = {"dtype": "float32", "shape": [1 << 24], "sum": float(big.astype(np.float64).sum())}
+    strided = np.arange(20, dtype=np.int64).reshape(4, 5)[:, ::2]  # not contiguous: sent as a copy
+    out["stats_strided"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(strided,)))
+    out["stats_strided"]["expected"] = {"dtype": "int64", "shape": [4, 3], "sum": float(strided.sum())}
+    try:
+        import torch
+
+        t = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+        out["stats_tensor"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(t,)))
+        out["stats_tensor"]["expected"] = {"dtype": "float64", "shape": [2, 3], "sum": 15.0}
+    except ImportError:  # the test runs where python3-torch is installed
+        out["stats_tensor"] = {"type": "ImportError"}
+    for name, arr in (("scale_small", np.arange(6, dtype=np.float32).reshape(2, 3)), ("scale_big", np.arange(1 << 22, dtype=np.float32))):
+        def scaled(arr=arr):
+            back = rpc.rpc_async(GO, f("scale"), args=(arr, 2)).wait()
+            return {"dtype": str(back.dtype), "shape": list(back.shape), "equal": bool((back == arr * 2).all()), "writable": back.flags.writeable}
+        out[name] = outcome(scaled)
+    out["complex"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(np.zeros(2, dtype=np.complex64),)))
     out["after_calls"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(np.float64(1.5).item(), 0)))
 rpc.shutdown()
 with open(OUT, "w") as fh:

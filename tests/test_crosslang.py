@@ -102,6 +102,29 @@ def test_errors_cross_and_name_what_failed(mixed_world, call, error_type, words)
         assert w in got["message"], (w, got)
 
 
+ARRAY_CASES = [f"stats_{d}" for d in ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "big", "strided", "tensor")]
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+@pytest.mark.parametrize("call", ARRAY_CASES)
+def test_arrays_reach_go_whole(mixed_world, call):
+    got = mixed_world[0][call]
+    assert got.get("value") == got["expected"], got
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+@pytest.mark.parametrize("call", ["scale_small", "scale_big"])
+def test_arrays_come_back_from_go_as_numpy_arrays(mixed_world, call):
+    got = mixed_world[0][call]
+    assert got.get("value", {}).get("equal") is True and got["value"]["dtype"] == "float32" and got["value"]["writable"], got
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+def test_an_array_of_another_dtype_is_refused_before_sending(mixed_world):
+    got = mixed_world[0]["complex"]
+    assert got.get("type") == "TypeError" and "complex64" in got["message"] and "float32" in got["message"], got
+
+
 @pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
 def test_a_timed_out_go_call_returns_on_time(mixed_world):
     assert mixed_world[0]["timeout"]["seconds"] < 10, mixed_world[0]["timeout"]
@@ -113,6 +136,9 @@ def test_go_calls_functions_python_exposes(mixed_world):
     step = lines["train_step"]
     assert step["error"] == "", step
     assert step["result"] == {"loss": pytest.approx(6.5 * 0.1), "n": 3.0}, step
+    norm = lines["normalize"]
+    assert norm["error"] == "" and norm["dtype"] == "float64" and norm["shape"] == [3], norm
+    assert norm["result"] == pytest.approx([0.125, 0.375, 0.5]), norm
     boom = lines["boom"]
     assert boom.get("type") == "ValueError", boom
     assert boom["message"] == "boom: on purpose" and boom["worker"] == "trainer", boom

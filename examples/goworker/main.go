@@ -36,6 +36,65 @@ func lookup(_ context.Context, ids []int64) (map[string][]float64, error) {
 
 func add(_ context.Context, a, b float64) (float64, error) { return a + b, nil }
 
+// stats describes an array (numpy's or torch's, sent from Python): dtype, shape, and the sum
+// of its elements.
+func stats(_ context.Context, a core.Array) (map[string]any, error) {
+	var sum float64
+	var err error
+	switch a.DType {
+	case "float32":
+		sum, err = sumOf[float32](a)
+	case "float64":
+		sum, err = sumOf[float64](a)
+	case "int8":
+		sum, err = sumOf[int8](a)
+	case "int16":
+		sum, err = sumOf[int16](a)
+	case "int32":
+		sum, err = sumOf[int32](a)
+	case "int64":
+		sum, err = sumOf[int64](a)
+	case "uint8":
+		sum, err = sumOf[uint8](a)
+	case "uint16":
+		sum, err = sumOf[uint16](a)
+	case "uint32":
+		sum, err = sumOf[uint32](a)
+	case "uint64":
+		sum, err = sumOf[uint64](a)
+	case "bool":
+		xs, e := core.Elements[bool](a)
+		for _, x := range xs {
+			if x {
+				sum++
+			}
+		}
+		err = e
+	}
+	return map[string]any{"dtype": a.DType, "shape": a.Shape, "sum": sum}, err
+}
+
+func sumOf[T float32 | float64 | int8 | int16 | int32 | int64 | uint8 | uint16 | uint32 | uint64](a core.Array) (float64, error) {
+	xs, err := core.Elements[T](a)
+	var sum float64
+	for _, x := range xs {
+		sum += float64(x)
+	}
+	return sum, err
+}
+
+// scale multiplies a float32 array by k in place (it is this call's own copy) and sends it back.
+func scale(_ context.Context, a core.Array, k float32) (core.Array, error) {
+	xs, err := core.Elements[float32](a)
+	if err != nil {
+		return core.Array{}, err
+	}
+	for i := range xs {
+		xs[i] *= k
+	}
+	return a, nil
+}
+
 // sleep waits, or gives up when the caller does.
 func sleep(ctx context.Context, seconds float64) (string, error) {
 	log.Printf("sleeping %g s for a caller", seconds)
@@ -63,6 +122,8 @@ func main() {
 			"lookup": core.Func(lookup),
 			"add":    core.Func(add),
 			"sleep":  core.Func(sleep),
+			"stats":  core.Func(stats),
+			"scale":  core.Func(scale),
 		},
 	})
 	if err != nil {
@@ -81,6 +142,10 @@ func callPython(ctx context.Context, agent *core.Agent, worker string) {
 	out := json.NewEncoder(os.Stdout)
 	step, err := core.CallFunc[map[string]float64](ctx, agent, worker, "train_step", []float32{1, 2, 3.5}, 0.1)
 	out.Encode(map[string]any{"call": "train_step", "result": step, "error": errText(err)})
+
+	weights, err := core.CallFunc[core.Array](ctx, agent, worker, "normalize", core.ArrayOf([]float64{1, 3, 4}))
+	normalized, _ := core.Elements[float64](weights)
+	out.Encode(map[string]any{"call": "normalize", "result": normalized, "dtype": weights.DType, "shape": weights.Shape, "error": errText(err)})
 
 	_, err = core.CallFunc[any](ctx, agent, worker, "boom", "on purpose")
 	var pyErr *core.PythonError

@@ -227,14 +227,15 @@ class _CallFuture(Future):
 
     def _outcome(self, go_call: Any) -> Tuple[Any, Optional[BaseException]]:
         s = scratch()
+        pickled = self._function is None
         count = go_call.Take(s.table_address, s.TABLE_LEN, s.buf_address, s.BUF_LEN)
         if count >= 0:  # a small reply, or none: taken with that one call
-            status, payload, buffers = s.unpack(count)
+            status, payload, buffers = s.unpack(count, pickled)
         else:
             status = go_call.Status()
-            payload, buffers = self._agent._read_message(go_call.Result())
-        if self._function is not None:
-            return self._function_outcome(go_call, status, payload)
+            payload, buffers = self._agent._read_message(go_call.Result(), pickled)
+        if not pickled:
+            return self._function_outcome(go_call, status, payload, buffers)
         if status == _go.StatusOK:
             return deserialize(payload, buffers), None
         self.timed_out = status == _go.StatusTimeout
@@ -245,10 +246,10 @@ class _CallFuture(Future):
                 return None, RuntimeError(f"On worker {self._dest}: {go_call.ErrorMessage()}")
         return None, self._call_error(go_call, status)
 
-    def _function_outcome(self, go_call: Any, status: int, payload: Any) -> Tuple[Any, Optional[BaseException]]:
+    def _function_outcome(self, go_call: Any, status: int, payload: Any, buffers: List[Any]) -> Tuple[Any, Optional[BaseException]]:
         """The outcome of a call of a remote function: msgpack, not pickles."""
         if status == _go.StatusOK:
-            return crosslang.unpack(payload), None
+            return crosslang.unpack(payload, buffers), None
         self.timed_out = status == _go.StatusTimeout
         if status == _go.StatusRemoteError:
             return None, crosslang.error_from(self._dest, go_call.ErrorMessage(), payload)
@@ -522,9 +523,9 @@ class TensorPipeAgent(RpcAgent):
 
     def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> Future:
         """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack."""
-        request = crosslang.encode_call(fn, args, kwargs)
+        segments = crosslang.encode_call(fn, args, kwargs)
         fut = _CallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
-        return self._call(dest, fn.name, [request], fut)
+        return self._call(dest, fn.name, segments, fut)
 
     def _timeout(self, timeout: float) -> float:
         """A call's timeout in seconds: negative means the agent's rpc_timeout, 0 none."""
@@ -623,14 +624,15 @@ class TensorPipeAgent(RpcAgent):
     def _serve(self, go_request) -> None:
         try:
             s = scratch()
+            method = go_request.Method()
+            pickled = method == _go.PyMethod
             count = go_request.Take(s.table_address, s.TABLE_LEN, s.buf_address, s.BUF_LEN)
             if count >= 0:  # a small request: taken with that one call
-                _, payload, buffers = s.unpack(count)
+                _, payload, buffers = s.unpack(count, pickled)
             else:
-                payload, buffers = self._read_message(go_request)
-            method = go_request.Method()
-            if method != _go.PyMethod:
-                self._serve_function(go_request, method, payload)
+                payload, buffers = self._read_message(go_request, pickled)
+            if not pickled:
+                self._serve_function(go_request, method, payload, buffers)
                 return
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
@@ -642,14 +644,14 @@ class TensorPipeAgent(RpcAgent):
         else:
             self._reply(go_request, result)
 
-    def _serve_function(self, go_request, name: str, payload: Any) -> None:
+    def _serve_function(self, go_request, name: str, payload: Any, buffers: List[Any]) -> None:
         """Run the function exposed as ``name`` (crosslang.expose) for a caller in any language."""
         try:
-            reply = crosslang.serve(name, payload)
+            reply = crosslang.serve(name, payload, buffers)
         except BaseException as exc:
             self._fail(go_request, f"{type(exc).__name__}: {exception_text(exc)}", crosslang.error_detail(exc))
             return
-        table = SegmentTable([reply])
+        table = SegmentTable(reply)
         try:
             go_request.Reply(table.address, table.count, table.size >= _go.BorrowThreshold)
         finally:
@@ -659,10 +661,12 @@ class TensorPipeAgent(RpcAgent):
         """Serve the function exposed as ``name`` from now on."""
         self._go_agent.Expose(name)
 
-    def _read_message(self, go_segments: Any) -> Tuple[BufferLike, List[BufferLike]]:
+    def _read_message(self, go_segments: Any, pickled: bool = True) -> Tuple[BufferLike, List[BufferLike]]:
         """Take a received message (a request, a reply) out of Go: its payload and out-of-band
         buffers. A message in one pooled Go buffer is used in place and handed back when the
-        last view of it dies; any other is copied into objects Python allocates."""
+        last view of it dies; any other is copied into objects Python allocates. The last
+        segment of a ``pickled`` message records each buffer's kind (internal.serialize); a
+        message of a remote function (crosslang) has none, and all its buffers are writable."""
         count = go_segments.NumSegments()
         sizes = [go_segments.SegmentSize(i) for i in range(count)]
         if count == 1:
@@ -671,9 +675,16 @@ class TensorPipeAgent(RpcAgent):
                 go_segments.CopySegment(0, address)
             go_segments.Release()
             return payload, []
-        # The last segment records each buffer's kind (internal.serialize).
-        kinds, address = new_bytes(sizes[-1])
-        go_segments.CopySegment(count - 1, address)
+        kinds: bytes = b""
+        if pickled:
+            kinds, address = new_bytes(sizes[-1])
+            go_segments.CopySegment(count - 1, address)
+        else:
+            sizes.append(0)  # so that the data segments are sizes[:-1] either way
+
+        def is_bytes(i: int) -> bool:  # segment i (a buffer) was a bytes object
+            return i > 0 and pickled and kinds[i - 1] == KIND_BYTES
+
         base = go_segments.Lend()
         if base:
             view = lent_view(base, sum(sizes), functools.partial(self._go_agent.Return, go_segments.LendID()))
@@ -682,11 +693,11 @@ class TensorPipeAgent(RpcAgent):
             for i, size in enumerate(sizes[:-1]):
                 part = view[offset : offset + size]
                 offset += size
-                parts.append(bytes(part) if i > 0 and kinds[i - 1] == KIND_BYTES else part)
+                parts.append(bytes(part) if is_bytes(i) else part)
             return parts[0], parts[1:]
         parts = []
         for i, size in enumerate(sizes[:-1]):
-            buf, address = new_bytes(size) if i > 0 and kinds[i - 1] == KIND_BYTES else new_bytearray(size)
+            buf, address = new_bytes(size) if is_bytes(i) else new_bytearray(size)
             if size:
                 go_segments.CopySegment(i, address)
             parts.append(buf)

@@ -149,24 +149,28 @@ class Scratch:
         self.table_address = ctypes.addressof(self.table)
         self.buf, self.buf_address = new_bytearray(self.BUF_LEN)
 
-    def unpack(self, count: int) -> Tuple[int, BufferLike, List[BufferLike]]:
+    def unpack(self, count: int, pickled: bool = True) -> Tuple[int, BufferLike, List[BufferLike]]:
         """The status, payload and buffers of a message of ``count`` segments just taken.
-        Each is copied out of the scratch memory, which the thread's next message reuses."""
+        Each is copied out of the scratch memory, which the thread's next message reuses. The
+        last segment of a ``pickled`` message records each buffer's kind (internal.serialize);
+        other messages (crosslang) have none, and all their buffers are writable."""
         status = self.table[0]
         if count == 0:
             return status, b"", []
-        sizes = self.table[1 : count + 1]
+        sizes = list(self.table[1 : count + 1])
         view = memoryview(self.buf)
         if count == 1:
             return status, bytes(view[: sizes[0]]), []
         total = sum(sizes)
-        kinds = bytes(view[total - sizes[-1] : total])  # the last segment (internal.serialize)
+        kinds = bytes(view[total - sizes[-1] : total]) if pickled else b""
+        if not pickled:
+            sizes.append(0)  # so that the data segments are sizes[:-1] either way
         parts: List[BufferLike] = []
         offset = 0
         for i, size in enumerate(sizes[:-1]):
             piece = view[offset : offset + size]
             offset += size
-            parts.append(bytes(piece) if i > 0 and kinds[i - 1] == KIND_BYTES else bytearray(piece))
+            parts.append(bytes(piece) if i > 0 and pickled and kinds[i - 1] == KIND_BYTES else bytearray(piece))
         return status, parts[0], parts[1:]
 
 

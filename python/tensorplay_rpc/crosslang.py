@@ -4,22 +4,36 @@ core, ``core.Func`` and ``core.CallFunc``), by function name.
 Python calls a function another worker serves with :func:`remote_function`; Python serves a
 function to every language with :func:`expose`. Arguments and results travel as msgpack, not
 pickles: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists and tuples (which
-arrive as lists) and dicts. The request is the msgpack array of the positional arguments, the
-reply the result; anything else is a ``TypeError`` on the side that tried to send it.
+arrive as lists), dicts, and numpy arrays and torch CPU tensors (which arrive as numpy arrays;
+Go reads them as ``core.Array``). The request is the msgpack array of the positional
+arguments, the reply the result; anything else is a ``TypeError`` on the side that tried to
+send it.
+
+An array is msgpack extension type :data:`ARRAY_EXT` holding ``[dtype, shape, index]``; its
+elements (C order, little-endian) travel in buffer ``index`` of the message, beside the
+msgpack, written from the array's memory and, when the message is big, lent to the receiver in
+place.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import traceback
-from typing import Any, Callable, Dict, List, Optional, TypeVar, Union, overload
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union, overload
 
 import msgpack
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+ARRAY_EXT = 1  # core.ArrayExt
+# The element types an array may have, by numpy's name (core.Array's DType).
+ARRAY_DTYPES = frozenset(
+    ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"]
+)
 
 
 class RemoteFunction:
@@ -111,21 +125,65 @@ def watch_exposed(listener: Callable[[str], None], on: bool = True) -> None:
             _on_expose.remove(listener)
 
 
-def pack(value: Any, what: str) -> bytes:
-    """``value`` in msgpack; a ``TypeError`` naming ``what`` if msgpack cannot carry it."""
+def _as_array(obj: Any) -> Any:
+    """``obj`` as a C-contiguous numpy array in native byte order if it is a numpy array or a
+    torch CPU tensor (without a copy when it already is one), else None."""
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise TypeError(f"a tensor on {obj.device} cannot be sent: move it to the CPU first")
+        obj = obj.detach().contiguous().numpy()
+    if np is None or not isinstance(obj, np.ndarray):
+        return None
+    if not obj.dtype.isnative:
+        obj = obj.astype(obj.dtype.newbyteorder("="))
+    if obj.dtype.name not in ARRAY_DTYPES:
+        raise TypeError(f"an array of dtype {obj.dtype} cannot be sent: want one of {', '.join(sorted(ARRAY_DTYPES))}")
+    return np.ascontiguousarray(obj)
+
+
+def pack(value: Any, what: str) -> List[Any]:
+    """The segments of a message holding ``value``: its msgpack, then the memory of each array
+    in it; a ``TypeError`` naming ``what`` if it cannot be sent."""
+    buffers: List[Any] = []
+
+    def extension(obj: Any) -> Any:
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(obj, np.generic):
+            return obj.item()
+        array = _as_array(obj)
+        if array is None:
+            raise TypeError(f"{type(obj).__name__!r} is none of the types msgpack carries")
+        buffers.append(memoryview(array.reshape(-1)).cast("B"))
+        return msgpack.ExtType(ARRAY_EXT, msgpack.packb([array.dtype.name, list(array.shape), len(buffers) - 1]))
+
     try:
-        return msgpack.packb(value, use_bin_type=True)
+        return [msgpack.packb(value, use_bin_type=True, default=extension), *buffers]
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{what} cannot be sent as msgpack: {exc}") from None
 
 
-def unpack(data: Any) -> Any:
-    """The value msgpack bytes hold; dicts may have keys of any type."""
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+def unpack(payload: Any, buffers: Sequence[Any] = ()) -> Any:
+    """The value of a message of msgpack ``payload`` and ``buffers``; arrays become numpy
+    arrays over the buffers' memory (no copy); dicts may have keys of any type."""
+
+    def extension(code: int, data: bytes) -> Any:
+        if code != ARRAY_EXT:
+            return msgpack.ExtType(code, data)
+        dtype, shape, where = msgpack.unpackb(data)
+        if dtype not in ARRAY_DTYPES:
+            raise ValueError(f"an array of dtype {dtype!r}")
+        raw = where if isinstance(where, bytes) else buffers[where]
+        import numpy as np  # only a message with arrays needs it
+
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=extension)
 
 
-def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict]) -> bytes:
-    """The request of a call of ``fn``: its positional arguments as a msgpack array."""
+def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict]) -> List[Any]:
+    """The segments of a call of ``fn``: its positional arguments as a msgpack array."""
     if kwargs:
         raise TypeError(
             f"{fn!r} takes its arguments by position only (they may go to another language), "
@@ -134,19 +192,19 @@ def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict
     return pack(list(args or ()), f"an argument of {fn!r}")
 
 
-def serve(name: str, payload: Any) -> bytes:
+def serve(name: str, payload: Any, buffers: Sequence[Any]) -> List[Any]:
     """Run the exposed function ``name`` on the call's arguments and return its reply."""
     with _exposed_lock:
         fn = _exposed.get(name)
     if fn is None:
         raise LookupError(f"no function is exposed under {name!r}")
-    args = unpack(payload)
+    args = unpack(payload, buffers)
     if not isinstance(args, list):
         raise TypeError(f"the arguments to {name!r} are not a msgpack array but a {type(args).__name__}")
     return pack(fn(*args), f"the result of {name!r}")
 
 
-def error_detail(exc: BaseException) -> bytes:
+def error_detail(exc: BaseException) -> Any:
     """What a failed exposed function sends back beside its message: the exception's type
     name, message and traceback (a Go caller reads them into a ``core.PythonError``)."""
     return pack(
@@ -156,7 +214,7 @@ def error_detail(exc: BaseException) -> bytes:
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         },
         "an error",
-    )
+    )[0]
 
 
 def error_from(worker: str, message: str, detail: Any) -> RuntimeError:

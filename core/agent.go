@@ -47,7 +47,8 @@ type Config struct {
 	// Handlers are registered before the agent can receive its first call.
 	Handlers map[string]Handler
 	// Token, if set, is the world's shared secret: every connection to the store and to every
-	// worker must present it before anything it sends is decoded.
+	// worker must present it before anything it sends is decoded. Empty means the environment
+	// variable TokenEnv, as for Python workers.
 	Token string
 	// TLS, if set, puts every connection under mutual TLS with the world's CA.
 	TLS *TLSFiles
@@ -140,6 +141,10 @@ type Agent struct {
 	gone   []WorkerInfo // found gone while shutting down
 }
 
+// TokenEnv is the environment variable that holds the world's token when Config.Token is
+// empty.
+const TokenEnv = "TENSORPLAY_RPC_TOKEN"
+
 // Start joins the world described by cfg and returns once every worker knows every other.
 func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := ValidateName(cfg.Name); err != nil {
@@ -160,6 +165,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.InitMethod == "" {
 		cfg.InitMethod = "env://"
 	}
+	cfg.Token = cmp.Or(cfg.Token, os.Getenv(TokenEnv))
 	for _, limit := range []struct {
 		name  string
 		value int64

@@ -11,6 +11,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
+
+import numpy as np
 
 import tensorplay_rpc as rpc
 
@@ -21,6 +24,17 @@ log = logging.getLogger("mixed_world")
 def train_step(batch, lr):
     """Called from Go with a list of floats and a learning rate."""
     return {"loss": float(sum(batch)) * lr, "n": float(len(batch))}
+
+
+@rpc.expose
+def slow(seconds):
+    time.sleep(seconds)
+
+
+@rpc.expose
+def normalize(x):
+    """Called from Go with a float64 array (a numpy array here); returns one."""
+    return x / x.sum()
 
 
 @rpc.expose
@@ -40,6 +54,9 @@ def main() -> None:
         rpc.init_rpc("trainer", rank=0, world_size=2)
         add, lookup = rpc.remote_function("add"), rpc.remote_function("lookup")
         log.info("add(2, 3.5) on Go = %s", rpc.rpc_sync("feature-store", add, args=(2, 3.5)))
+        arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+        log.info("scale(%s, 10) on Go = %s", arr.tolist(), rpc.rpc_sync("feature-store", rpc.remote_function("scale"), args=(arr, 10)).tolist())
+        log.info("stats of 4 M float32 on Go = %s", rpc.rpc_sync("feature-store", rpc.remote_function("stats"), args=(np.ones(1 << 22, dtype=np.float32),)))
         log.info("lookup([1, 2]) on Go = %s", rpc.rpc_async("feature-store", lookup, args=([1, 2],)).wait())
         try:
             rpc.rpc_sync("feature-store", lookup, args=([-1],))

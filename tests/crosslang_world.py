@@ -35,6 +35,11 @@ def normalize(x):
     return x / x.sum()
 
 
+@rpc.expose
+def slow(seconds):
+    time.sleep(seconds)
+
+
 @rpc.expose("boom")
 def explode(why):
     raise ValueError(f"boom: {why}")

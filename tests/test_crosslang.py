@@ -139,6 +139,8 @@ def test_go_calls_functions_python_exposes(mixed_world):
     norm = lines["normalize"]
     assert norm["error"] == "" and norm["dtype"] == "float64" and norm["shape"] == [3], norm
     assert norm["result"] == pytest.approx([0.125, 0.375, 0.5]), norm
+    slow = lines["slow"]
+    assert slow["timeout"] and "trainer" in slow["error"] and slow["seconds"] < 10, slow
     boom = lines["boom"]
     assert boom.get("type") == "ValueError", boom
     assert boom["message"] == "boom: on purpose" and boom["worker"] == "trainer", boom

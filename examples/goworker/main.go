@@ -116,8 +116,7 @@ func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	agent, err := core.Start(ctx, core.Config{
-		Name: *name, Rank: *rank, WorldSize: *worldSize,
-		Token: os.Getenv("TENSORPLAY_RPC_TOKEN"),
+		Name: *name, Rank: *rank, WorldSize: *worldSize, // the token: $TENSORPLAY_RPC_TOKEN
 		Handlers: map[string]core.Handler{
 			"lookup": core.Func(lookup),
 			"add":    core.Func(add),
@@ -146,6 +145,13 @@ func callPython(ctx context.Context, agent *core.Agent, worker string) {
 	weights, err := core.CallFunc[core.Array](ctx, agent, worker, "normalize", core.ArrayOf([]float64{1, 3, 4}))
 	normalized, _ := core.Elements[float64](weights)
 	out.Encode(map[string]any{"call": "normalize", "result": normalized, "dtype": weights.DType, "shape": weights.Shape, "error": errText(err)})
+
+	// A Python function that takes longer than the caller waits: the call fails at the deadline.
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	started := time.Now()
+	_, err = core.CallFunc[any](short, agent, worker, "slow", 5)
+	cancel()
+	out.Encode(map[string]any{"call": "slow", "error": errText(err), "timeout": errors.Is(err, core.ErrTimeout), "seconds": time.Since(started).Seconds()})
 
 	_, err = core.CallFunc[any](ctx, agent, worker, "boom", "on purpose")
 	var pyErr *core.PythonError

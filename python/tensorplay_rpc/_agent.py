@@ -787,7 +787,7 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
         store,
         _to_ms(init_timeout),
         options.max_message_size,
-        options.token or os.environ.get("TENSORPLAY_RPC_TOKEN", ""),
+        options.token or "",  # empty: Go reads $TENSORPLAY_RPC_TOKEN
         options.tls_cert or "",
         options.tls_key or "",
         options.tls_ca or "",

@@ -124,6 +124,8 @@ type Agent struct {
 
 	refs          *refTable
 	onRRefDropped func(wire.RRefID)
+	// values are the RRef values this worker keeps for remote() of its handlers (owned_values.go).
+	values        ownedValues
 	refFlushArmed atomic.Bool // a timer will send the queued reference operations (peer.refLog)
 	// refSeqMu orders the application of a worker's reference operations across its streams
 	// (see applyRefOpsFrom).
@@ -214,6 +216,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	for m, h := range cfg.Handlers {
 		a.handlers[m] = h
 	}
+	a.handlers[RemoteMethod] = remoteHandler{a}
+	a.handlers[FetchMethod] = fetchHandler{a}
 	a.serveCtx, a.stopServing = context.WithCancel(context.Background())
 	if err := a.start(ctx, cfg); err != nil {
 		a.close()

@@ -66,8 +66,11 @@ func decodeArgs(t reflect.Type, req Message) ([]reflect.Value, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the arguments are not a msgpack array: %w", err)
 	}
+	if n < 0 {
+		return nil, errors.New("the arguments are nil, not a msgpack array")
+	}
 	if want := t.NumIn() - 1; n != want {
-		return nil, fmt.Errorf("takes %d argument(s), got %d", want, max(n, 0))
+		return nil, fmt.Errorf("takes %d argument(s), got %d", want, n)
 	}
 	in := make([]reflect.Value, t.NumIn())
 	for i := 1; i < t.NumIn(); i++ {

@@ -230,8 +230,8 @@ func (a *Agent) applyRefOpsFrom(from *member, first uint64, ops []wire.RefOp) ui
 // applyRefOps applies reference operations addressed to this worker as owner.
 func (a *Agent) applyRefOps(ops []wire.RefOp) {
 	for _, op := range ops {
-		if a.refs.apply(op) && a.onRRefDropped != nil {
-			a.onRRefDropped(op.RRef)
+		if a.refs.apply(op) {
+			a.rrefDropped(op.RRef)
 		}
 	}
 }

@@ -264,9 +264,7 @@ func (a *Agent) releaseForksOf(m *member) {
 		a.log.Warn("tensorplay-rpc: dropped RRefs held only by a worker that is gone", "worker", w.Name, "count", len(dropped))
 	}
 	for _, id := range dropped {
-		if a.onRRefDropped != nil {
-			a.onRRefDropped(id)
-		}
+		a.rrefDropped(id)
 	}
 }
 

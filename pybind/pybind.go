@@ -40,6 +40,12 @@ import (
 // kind from the payload. Other methods carry msgpack (core.Func, rpc.expose).
 const PyMethod = "py"
 
+// RemoteMethod and FetchMethod make and read RRefs of functions called by name (crosslang).
+const (
+	RemoteMethod = core.RemoteMethod
+	FetchMethod  = core.FetchMethod
+)
+
 // reservedPrefix starts the names of the core's own methods.
 const reservedPrefix = "_tensorplay/"
 

@@ -9,6 +9,7 @@ With "killed", the world is the trainer and the Go worker (rank 1) alone, and th
 makes one long call, during which the test kills the Go worker.
 """
 
+import gc
 import json
 import os
 import sys
@@ -49,6 +50,11 @@ def double(x):
     return x * 2
 
 
+def to_here_of(rref):
+    """Run on the helper: fetch an RRef's value from its owner."""
+    return rref.to_here()
+
+
 def outcome(fn):
     """What fn() did: its value, or its exception's type and message."""
     started = time.monotonic()
@@ -84,7 +90,6 @@ if RANK == 0:
     out["timeout"] = outcome(lambda: rpc.rpc_sync(GO, f("sleep"), args=(30,), timeout=0.5))
     out["kwargs"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(1,), kwargs={"b": 2}))
     out["unsendable"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(object(), 1)))
-    out["remote"] = outcome(lambda: rpc.remote(GO, f("add"), args=(1, 2)))
     out["python_by_name"] = outcome(lambda: rpc.rpc_sync("helper", f("double"), args=([1, "a"],)))
     out["python_by_name_error"] = outcome(lambda: rpc.rpc_sync(name, f("boom"), args=("self",)))
     # A function exposed after init_rpc is served at once.
@@ -114,6 +119,22 @@ if RANK == 0:
             return {"dtype": str(back.dtype), "shape": list(back.shape), "equal": bool((back == arr * 2).all()), "writable": back.flags.writeable}
         out[name] = outcome(scaled)
     out["complex"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(np.zeros(2, dtype=np.complex64),)))
+    # remote(): the value stays on the Go worker until the last RRef to it is gone.
+    kept = rpc.remote(GO, f("add"), args=(2, 5))
+    out["remote_to_here"] = outcome(lambda: [kept.to_here(), kept.to_here(), kept.owner_name()])
+    out["remote_passed_on"] = outcome(lambda: rpc.rpc_sync("helper", to_here_of, args=(kept,)))
+    scaled_rref = rpc.remote(GO, f("scale"), args=(np.arange(4, dtype=np.float32), 3))
+    out["remote_array"] = outcome(lambda: scaled_rref.to_here().tolist())
+    out["remote_error"] = outcome(lambda: rpc.remote(GO, f("lookup"), args=([-1],)).to_here())
+    out["remote_proxy"] = outcome(lambda: kept.rpc_sync().anything())
+    out["remote_on_python"] = outcome(lambda: rpc.remote("helper", f("double"), args=(21,)).to_here())
+    out["owned_while_held"] = outcome(lambda: rpc.rpc_sync(GO, f("owned")))
+    del kept, scaled_rref
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while rpc.rpc_sync(GO, f("owned")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["owned_after_release"] = outcome(lambda: rpc.rpc_sync(GO, f("owned")))
     out["after_calls"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(np.float64(1.5).item(), 0)))
 rpc.shutdown()
 with open(OUT, "w") as fh:

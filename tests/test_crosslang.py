@@ -69,6 +69,11 @@ def mixed_world(goworker, tmp_path_factory):
         ("lookup", {"3": [3.0, 1.5], "4": [4.0, 2.0]}),
         ("python_by_name", [1, "a", 1, "a"]),
         ("late", "late"),
+        ("remote_to_here", [7, 7, "feature-store"]),
+        ("remote_passed_on", 7),
+        ("remote_array", [0.0, 3.0, 6.0, 9.0]),
+        ("remote_on_python", 42),
+        ("owned_after_release", 0),
         ("after_calls", 1.5),
     ],
 )
@@ -90,7 +95,8 @@ def test_python_calls_functions_by_name(mixed_world, call, value):
         # Refused before sending: what cannot cross is an error on the side that tried.
         ("kwargs", "TypeError", ["by position only", "['b']"]),
         ("unsendable", "TypeError", ["cannot be sent as msgpack"]),
-        ("remote", "TypeError", ["must live in a Python worker"]),
+        ("remote_error", "RuntimeError", ["feature-store", "no features for id -1"]),
+        ("remote_proxy", "TypeError", ["kept as msgpack", "use to_here()"]),
         # A Python function's exception, called by name: its type, message and traceback.
         ("python_by_name_error", "RuntimeError", ["On worker trainer: ValueError: boom: self", "Remote traceback", "in explode"]),
     ],
@@ -123,6 +129,12 @@ def test_arrays_come_back_from_go_as_numpy_arrays(mixed_world, call):
 def test_an_array_of_another_dtype_is_refused_before_sending(mixed_world):
     got = mixed_world[0]["complex"]
     assert got.get("type") == "TypeError" and "complex64" in got["message"] and "float32" in got["message"], got
+
+
+@pytest.mark.timeout(WORLD_TIMEOUT_S + 60)
+def test_remote_values_are_kept_while_referenced(mixed_world):
+    # kept, scaled_rref, and the failed creation's slot until its RRef was collected
+    assert mixed_world[0]["owned_while_held"].get("value", 0) >= 2, mixed_world[0]["owned_while_held"]
 
 
 @pytest.mark.timeout(WORLD_TIMEOUT_S + 60)

@@ -128,6 +128,9 @@ func main() {
 	if err != nil {
 		log.Fatalf("join the world: %v", err)
 	}
+	// How many results of remote() calls to it this worker keeps (each until its last RRef
+	// is gone): for tests, and to watch for leaks.
+	agent.Register("owned", core.Func(func(context.Context) (int, error) { return agent.OwnedValues(), nil }))
 	if *python != "" {
 		callPython(ctx, agent, *python)
 	}

@@ -505,9 +505,27 @@ class TensorPipeAgent(RpcAgent):
             raise
         return rref_id, fork_id, creation
 
-    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float) -> Future:
-        """The future of a copy of the value of RRef ``rref_id``, from its owner."""
-        return self._send(owner, (_FETCH, rref_id), timeout, prefixed=False)
+    def remote_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> Tuple[Id, Id, Future]:
+        """``remote()`` of a function ``dest`` serves by name: as :meth:`remote`, but the value
+        is kept by ``dest``'s Go agent, in msgpack (see crosslang)."""
+        rref_id, fork_id = self.new_id(), self.new_id()
+        segments = crosslang.encode_remote(rref_id, fn, args, kwargs)
+        self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
+        try:
+            fut = _CallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
+            creation = self._call(dest, _go.RemoteMethod, segments, fut)
+        except BaseException:
+            self.release_fork(dest.id, rref_id, fork_id)
+            raise
+        return rref_id, fork_id, creation
+
+    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float, function: Optional[str] = None) -> Future:
+        """The future of a copy of the value of RRef ``rref_id``, from its owner; ``function``
+        names the function that made it if it was made by name (kept in msgpack)."""
+        if function is None:
+            return self._send(owner, (_FETCH, rref_id), timeout, prefixed=False)
+        fut = _CallFuture(self, owner.name, self._timeout(timeout), prefixed=False, function=function)
+        return self._call(owner, _go.FetchMethod, crosslang.pack(list(rref_id), "an RRef id"), fut)
 
     def _send(self, dest: WorkerInfo, message: Any, timeout: float, prefixed: bool = True) -> "_CallFuture":
         """Send a Python-level message and return the future of its reply.

@@ -19,7 +19,7 @@ from .crosslang import RemoteFunction
 from .backend_registry import BackendType
 from .futures import Future
 from .options import RpcBackendOptions
-from .rref import RRef, remote_rref
+from .rref import RRef, remote_function_rref, remote_rref
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ def remote(
     """
     agent = require_agent()
     if isinstance(func, RemoteFunction):
-        raise TypeError(f"remote() cannot run {func!r}: an RRef's value must live in a Python worker; use rpc_sync or rpc_async")
+        return remote_function_rref(agent, agent.destination(to), func, args, kwargs, timeout)
     return remote_rref(agent, agent.destination(to), function_call(func, args, kwargs), timeout)
 
 

@@ -192,6 +192,14 @@ def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict
     return pack(list(args or ()), f"an argument of {fn!r}")
 
 
+def encode_remote(rref_id: Any, fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict]) -> List[Any]:
+    """The segments of ``remote()`` of ``fn``: the msgpack array [creator, local, name] of the
+    RRef's id and the function, then the call's own message (core.RemoteMethod)."""
+    segments = encode_call(fn, args, kwargs)
+    segments[0] = msgpack.packb([rref_id[0], rref_id[1], fn.name]) + segments[0]
+    return segments
+
+
 def serve(name: str, payload: Any, buffers: Sequence[Any]) -> List[Any]:
     """Run the exposed function ``name`` on the call's arguments and return its reply."""
     with _exposed_lock:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 from . import constants
 from ._agent import FunctionCall, TensorPipeAgent, current_agent, current_agent_or_not_set, function_call
 from ._owner_table import Id
+from .crosslang import RemoteFunction
 from .futures import Future
 from .internal import current_send_context
 from .rref_proxy import RRefProxy
@@ -29,7 +30,7 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "_function", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
@@ -41,9 +42,12 @@ class PyRRef:
         agent.add_fork(me, rref_id, fork_id, holder=me)
         self._bind(agent, me, rref_id, fork_id, slot, None)
 
-    def _bind(self, agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future]) -> None:
+    def _bind(self, agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future], function: Optional[str] = None) -> None:
         self._made_by: Optional[Callable[..., Any]] = None  # the function remote() ran, if known
         self._type: Optional[type] = None  # the value's type, once _get_type has learnt it
+        # The name of the function that made the value, if remote() called it by name
+        # (remote_function): the owner's Go agent keeps the value, in msgpack.
+        self._function = function
         owner = agent.worker_by_id(owner_id)
         if owner is None:
             raise RuntimeError(f"the RRef's owner, worker id {owner_id}, is not in the world (it left)")
@@ -89,6 +93,7 @@ class PyRRef:
 
     def local_value(self) -> Any:
         """The value itself; only on the owner. Raises the error its creation raised."""
+        self._python_value("local_value()")
         if not self.is_owner():
             (c, l), (fc, fl) = self._rref_id, self._fork_id
             raise RuntimeError(
@@ -101,7 +106,7 @@ class PyRRef:
     def to_here(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> Any:
         """Copy the value from the owner and return it (on the owner, the value itself).
         Raises the error its creation raised."""
-        if self.is_owner():
+        if self.is_owner() and self._function is None:
             return self.local_value()
         if timeout < 0:
             timeout = self._agent.rpc_timeout
@@ -122,7 +127,7 @@ class PyRRef:
         # two round trips overlap.
         fetch = None
         if creation is None or not _came_inlined(self._made_by):
-            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, timeout)
+            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, timeout, self._function)
         if creation is not None:
             if not creation.wait_for(timeout if timeout > 0 else None):
                 raise RuntimeError(
@@ -142,26 +147,39 @@ class PyRRef:
                     return inlined[0]
         if fetch is None:
             left = max(1e-3, timeout - (time.monotonic() - started)) if timeout > 0 else timeout
-            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, left)
+            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, left, self._function)
         return fetch.wait()
 
     def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:
         ``rref.rpc_sync().method(*args)``."""
+        self._python_value("rpc_sync()")
         return RRefProxy(self, self._agent.rpc_sync, timeout)
 
     def rpc_async(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns a Future."""
+        self._python_value("rpc_async()")
         return RRefProxy(self, self._agent.rpc_async, timeout, blocking=False)
 
     def remote(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns an RRef to its result, kept on
         the owner."""
+        self._python_value("remote()")
         return RRefProxy(self, functools.partial(remote_rref, self._agent), timeout)
+
+    def _python_value(self, what: str) -> None:
+        """Raise if the value is not a Python object on its owner (remote() of a function
+        called by name keeps it in msgpack): ``what`` needs one."""
+        if self._function is not None:
+            raise TypeError(
+                f"{what} needs a Python object on the owner, but this RRef's value, made by "
+                f"remote_function({self._function!r}) on worker {self._owner.name}, is kept as msgpack: use to_here()"
+            )
 
     def _get_type(self, timeout: float = constants.UNSET_RPC_TIMEOUT, blocking: bool = True) -> Any:
         """The type of the value (asked of the owner once, then kept); with
         ``blocking=False``, a Future of it."""
+        self._python_value("_get_type()")
         if self._type is None and self.is_owner():
             self._type = type(self.local_value())
         if self._type is not None:
@@ -195,7 +213,7 @@ class PyRRef:
         self._owner_to_call()  # a fork of a value that left with its owner is no RRef
         fork_id = self._agent.new_id()
         context.forks.append((self._owner_id, self._rref_id, fork_id))
-        return (_rebuild_rref, (self._owner_id, self._rref_id, fork_id))
+        return (_rebuild_rref, (self._owner_id, self._rref_id, fork_id, self._function))
 
     def __repr__(self) -> str:
         (c, l), (fc, fl) = self._rref_id, self._fork_id
@@ -240,6 +258,13 @@ for _name, _impl in inspect.getmembers(PyRRef, inspect.isfunction):
     setattr(RRef, _name, new_method)
 
 
+def remote_function_rref(agent: TensorPipeAgent, dest: WorkerInfo, fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> "RRef":
+    """``remote()`` of a function ``dest`` serves by name: an RRef to its result, which
+    ``dest``'s Go agent keeps (in msgpack) until the last reference to it is gone."""
+    rref_id, fork_id, creation = agent.remote_function(dest, fn, args, kwargs, timeout)
+    return _make_rref(agent, dest.id, rref_id, fork_id, creation, fn.name)
+
+
 def remote_rref(agent: TensorPipeAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef":
     """Run ``call`` on ``dest`` and return an RRef to its result, kept there (``remote()``)."""
     rref_id, fork_id, creation = agent.remote(dest, call, timeout)
@@ -276,15 +301,15 @@ def _no_value(creation: Future) -> None:
     creation.value()  # raises the creation's error
 
 
-def _make_rref(agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None) -> RRef:
+def _make_rref(agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None, function: Optional[str] = None) -> RRef:
     """An RRef object holding ``fork_id``, already registered with the owner."""
     rref = RRef.__new__(RRef)
-    slot = agent.owner_table.slot(rref_id) if owner_id == agent.info.id else None
-    rref._bind(agent, owner_id, rref_id, fork_id, slot, creation)
+    slot = agent.owner_table.slot(rref_id) if owner_id == agent.info.id and function is None else None
+    rref._bind(agent, owner_id, rref_id, fork_id, slot, creation, function)
     return rref
 
 
-def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id) -> RRef:
+def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id, function: Optional[str] = None) -> RRef:
     """Unpickle an RRef: on its owner, the owner's RRef again; elsewhere, a user RRef."""
     agent = current_agent()
     if agent is None:
@@ -295,4 +320,6 @@ def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id) -> RRef:
     for what, id_ in (("RRef", rref_id), ("fork", fork_id)):
         if not (isinstance(id_, (tuple, list)) and len(id_) == 2 and all(type(x) is int and -(1 << 63) <= x < 1 << 63 for x in id_)):
             raise ValueError(f"an RRef arrived with a malformed {what} id {id_!r}")
-    return _make_rref(agent, owner_id, tuple(rref_id), tuple(fork_id))
+    if function is not None and not isinstance(function, str):
+        raise ValueError(f"an RRef arrived naming function {function!r}")
+    return _make_rref(agent, owner_id, tuple(rref_id), tuple(fork_id), function=function)

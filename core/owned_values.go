@@ -1,0 +1,185 @@
+package core
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The values of RRefs a Go worker owns: a Python worker's
+// remote(go_worker, remote_function(name), args) runs this worker's handler name and keeps its
+// reply here under the RRef's id, and to_here() fetches it. The forks are counted as for every
+// owner (rref.go); the value goes with the last.
+const (
+	// RemoteMethod runs a handler and keeps its reply as an RRef's value. Its payload is the
+	// msgpack array [creator, local, method] of the RRef's id and the handler, followed by
+	// the call's own payload (the msgpack array of its arguments); its buffers are the call's.
+	RemoteMethod = "_tensorplay/remote"
+	// FetchMethod answers with an RRef's value; its payload is the msgpack array
+	// [creator, local].
+	FetchMethod = "_tensorplay/fetch"
+)
+
+// ownedValue is one RRef's value, or its creation's failure, once ready is closed.
+type ownedValue struct {
+	ready chan struct{}
+	msg   Message // the handler's reply, in memory of its own
+	err   error
+}
+
+// ownedValues are the values of the RRefs this worker owns.
+type ownedValues struct {
+	mu sync.Mutex
+	m  map[wire.RRefID]*ownedValue
+}
+
+// create makes the slot of a new RRef, or says why it cannot.
+func (v *ownedValues) create(id wire.RRefID) (*ownedValue, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.m == nil {
+		v.m = map[wire.RRefID]*ownedValue{}
+	}
+	if v.m[id] != nil {
+		return nil, fmt.Errorf("an RRef %v exists already", id)
+	}
+	slot := &ownedValue{ready: make(chan struct{})}
+	v.m[id] = slot
+	return slot, nil
+}
+
+func (v *ownedValues) get(id wire.RRefID) *ownedValue {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.m[id]
+}
+
+// drop forgets the value of id: its last fork is gone.
+func (v *ownedValues) drop(id wire.RRefID) {
+	v.mu.Lock()
+	delete(v.m, id)
+	v.mu.Unlock()
+}
+
+// count is the number of values kept.
+func (v *ownedValues) count() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.m)
+}
+
+// rrefDropped is called when the last fork of an RRef this worker owns is gone.
+func (a *Agent) rrefDropped(id wire.RRefID) {
+	a.values.drop(id)
+	if a.onRRefDropped != nil {
+		a.onRRefDropped(id)
+	}
+}
+
+// remoteHandler serves RemoteMethod.
+type remoteHandler struct{ a *Agent }
+
+func (h remoteHandler) ServeRPC(call *ServerCall) {
+	a := h.a
+	req := call.Request
+	r := bytes.NewReader(req.Payload)
+	var head struct {
+		_msgpack struct{} `msgpack:",as_array"`
+		Creator  int
+		Local    int64
+		Method   string
+	}
+	if err := msgpack.NewDecoder(r).Decode(&head); err != nil {
+		req.Release()
+		call.Fail(fmt.Errorf("a remote() request: %w", err))
+		return
+	}
+	id := wire.RRefID{Creator: head.Creator, Local: head.Local}
+	if head.Method == RemoteMethod || head.Method == FetchMethod || a.handler(head.Method) == nil {
+		req.Release()
+		call.Fail(fmt.Errorf("remote() of %q: this worker serves no such function", truncateText(head.Method, maxMethodName)))
+		return
+	}
+	slot, err := a.values.create(id)
+	if err != nil {
+		req.Release()
+		call.Fail(err)
+		return
+	}
+	args := Message{Payload: req.Payload[len(req.Payload)-r.Len():], Buffers: req.Buffers}
+	frame := &wire.Frame{Kind: wire.FrameRequest, Method: head.Method}
+	// The value is made even if the caller stops waiting for the confirmation, as torch's owner
+	// makes it: its forks are registered, and to_here() may still ask for it.
+	a.dispatch(a.serveCtx, call.Caller, frame, args, func(resp *wire.Frame, m Message) <-chan struct{} {
+		reply, err := responseResult(resp, m, a.self.Name)
+		slot.msg, slot.err = reply.plainCopy(), err
+		close(slot.ready)
+		req.Release()
+		if err != nil {
+			call.Fail(err)
+		} else {
+			call.Reply(Message{Payload: msgpackNil})
+		}
+		return closedChan
+	})
+}
+
+// msgpackNil is the msgpack encoding of nil: the confirmation of an RRef's creation.
+var msgpackNil = []byte{0xc0}
+
+// fetchHandler serves FetchMethod.
+type fetchHandler struct{ a *Agent }
+
+func (h fetchHandler) ServeRPC(call *ServerCall) {
+	var id struct {
+		_msgpack struct{} `msgpack:",as_array"`
+		Creator  int
+		Local    int64
+	}
+	err := msgpack.Unmarshal(call.Request.Payload, &id)
+	call.Request.Release()
+	if err != nil {
+		call.Fail(fmt.Errorf("a fetch of an RRef's value: %w", err))
+		return
+	}
+	slot := h.a.values.get(wire.RRefID{Creator: id.Creator, Local: id.Local})
+	if slot == nil {
+		call.Fail(fmt.Errorf("worker %q has no RRef (created_on=%d, local_id=%d): it was never made here, or every reference to it is gone", h.a.self.Name, id.Creator, id.Local))
+		return
+	}
+	go func() {
+		select {
+		case <-slot.ready:
+		case <-call.Context().Done():
+			call.Fail(call.Context().Err())
+			return
+		}
+		if slot.err != nil {
+			var re *RemoteError
+			if errors.As(slot.err, &re) {
+				call.Fail(NewRemoteError(re.Message, re.Payload))
+			} else {
+				call.Fail(slot.err)
+			}
+			return
+		}
+		call.Reply(slot.msg) // kept until the RRef is dropped, and never released: no copy
+	}()
+}
+
+// OwnedValues is the number of RRef values this Go worker keeps for remote() calls made to it.
+func (a *Agent) OwnedValues() int { return a.values.count() }
+
+// plainCopy is m in memory of its own, which is never released.
+func (m Message) plainCopy() Message {
+	c := Message{Payload: append([]byte(nil), m.Payload...)}
+	for _, b := range m.Buffers {
+		c.Buffers = append(c.Buffers, append([]byte(nil), b...))
+	}
+	m.Release()
+	return c
+}

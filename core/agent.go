@@ -297,15 +297,31 @@ func (a *Agent) ReceiveMemory() (inUse, budget int64) {
 	return a.receiveBudget.inUse(), a.receiveBudget.limit
 }
 
-// Register adds or replaces the handler of method.
+// Register adds or replaces the handler of method; a nil h removes it. The handler of
+// ModuleMethods serves every method named "module:function" that has no handler of its own.
 func (a *Agent) Register(method string, h Handler) {
 	a.handlersMu.Lock()
-	a.handlers[method] = h
+	if h == nil {
+		delete(a.handlers, method)
+	} else {
+		a.handlers[method] = h
+	}
 	a.handlersMu.Unlock()
 }
+
+// ModuleMethods is the method name under which a handler serves every "module:function"
+// method without a handler of its own: a Python worker registers it when it allows any
+// importable function to be called by name (rpc.expose_imports).
+const ModuleMethods = ":"
 
 func (a *Agent) handler(method string) Handler {
 	a.handlersMu.RLock()
 	defer a.handlersMu.RUnlock()
-	return a.handlers[method]
+	if h := a.handlers[method]; h != nil {
+		return h
+	}
+	if strings.Contains(method, ":") {
+		return a.handlers[ModuleMethods]
+	}
+	return nil
 }

@@ -207,3 +207,33 @@ func TestArraysCrossBesideTheMsgpack(t *testing.T) {
 		})
 	}
 }
+
+func TestModuleMethodsServeEveryModuleFunctionName(t *testing.T) {
+	c := coretest.New(t, 2, coretest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a := c.Agents[0]
+	c.Agents[1].Register(core.ModuleMethods, core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) {
+		return core.Message{Payload: []byte{0xc3}}, nil // msgpack true
+	}))
+	c.Agents[1].Register("own:name", core.Func(func(context.Context) (bool, error) { return false, nil }))
+	cases := []struct {
+		method string
+		want   bool
+		err    string
+	}{
+		{"numpy:add", true, ""},
+		{"own:name", false, ""}, // a handler of its own comes first
+		{"plain", false, "is not registered"},
+	}
+	for _, tc := range cases {
+		got, err := core.CallFunc[bool](ctx, a, "w1", tc.method)
+		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: %v, %v; want %v, %q", tc.method, got, err, tc.want, tc.err)
+		}
+	}
+	c.Agents[1].Register(core.ModuleMethods, nil)
+	if _, err := core.CallFunc[bool](ctx, a, "w1", "numpy:add"); !errors.Is(err, core.ErrNoHandler) {
+		t.Fatalf("after the handler is removed: %v, want ErrNoHandler", err)
+	}
+}

@@ -43,6 +43,16 @@ func (a *Agent) Expose(name string) error {
 	return nil
 }
 
+// ExposeImports has Python serve (or, with allow false, stop serving) calls of any method
+// named "module:function" (rpc.expose_imports).
+func (a *Agent) ExposeImports(allow bool) {
+	if allow {
+		a.agent.Register(core.ModuleMethods, queueHandler{a})
+	} else {
+		a.agent.Register(core.ModuleMethods, nil)
+	}
+}
+
 func checkExposedName(name string) error {
 	if name == "" || name == PyMethod || strings.HasPrefix(name, reservedPrefix) || strings.Contains(name, "\n") {
 		return fmt.Errorf("%q cannot be the name of an exposed function: it is empty, holds a newline or is reserved (%q, names starting %q)", name, PyMethod, reservedPrefix)

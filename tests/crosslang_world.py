@@ -75,6 +75,8 @@ if KILLED:
 
 if RANK == 1:
     rpc.expose("double", double)  # after the decorator form: the call form
+else:
+    rpc.expose_imports()  # the trainer serves importable functions too; the helper does not
 name = "trainer" if RANK == 0 else "helper"
 rpc.init_rpc(name, rank=RANK, world_size=3)
 out = {}
@@ -95,6 +97,9 @@ if RANK == 0:
     # A function exposed after init_rpc is served at once.
     rpc.expose("late", lambda: "late")
     out["late"] = outcome(lambda: rpc.rpc_sync(name, f("late")))
+    out["import_allowed"] = outcome(lambda: rpc.rpc_sync(name, f("operator:mul"), args=(6, 7)))
+    out["import_refused"] = outcome(lambda: rpc.rpc_sync("helper", f("operator:mul"), args=(6, 7)))
+    out["import_missing"] = outcome(lambda: rpc.rpc_sync(name, f("operator:no_such_thing")))
     for dtype in ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"):
         arr = (np.arange(12) % 2 if dtype == "bool" else np.arange(12) * 3 - 5 * (dtype[0] != "u")).astype(dtype).reshape(3, 4)
         out[f"stats_{dtype}"] = outcome(lambda: rpc.rpc_sync(GO, f("stats"), args=(arr,)))

@@ -73,6 +73,7 @@ def mixed_world(goworker, tmp_path_factory):
         ("remote_passed_on", 7),
         ("remote_array", [0.0, 3.0, 6.0, 9.0]),
         ("remote_on_python", 42),
+        ("import_allowed", 42),
         ("owned_after_release", 0),
         ("after_calls", 1.5),
     ],
@@ -96,6 +97,9 @@ def test_python_calls_functions_by_name(mixed_world, call, value):
         ("kwargs", "TypeError", ["by position only", "['b']"]),
         ("unsendable", "TypeError", ["cannot be sent as msgpack"]),
         ("remote_error", "RuntimeError", ["feature-store", "no features for id -1"]),
+        # Importable functions only where the worker allows them.
+        ("import_refused", "RuntimeError", ["helper", "serves no function named 'operator:mul'"]),
+        ("import_missing", "RuntimeError", ["trainer", "AttributeError", "no_such_thing"]),
         ("remote_proxy", "TypeError", ["kept as msgpack", "use to_here()"]),
         # A Python function's exception, called by name: its type, message and traceback.
         ("python_by_name_error", "RuntimeError", ["On worker trainer: ValueError: boom: self", "Remote traceback", "in explode"]),
@@ -151,6 +155,7 @@ def test_go_calls_functions_python_exposes(mixed_world):
     norm = lines["normalize"]
     assert norm["error"] == "" and norm["dtype"] == "float64" and norm["shape"] == [3], norm
     assert norm["result"] == pytest.approx([0.125, 0.375, 0.5]), norm
+    assert lines["math:hypot"] == {"call": "math:hypot", "result": 5.0, "error": ""}, lines["math:hypot"]
     slow = lines["slow"]
     assert slow["timeout"] and "trainer" in slow["error"] and slow["seconds"] < 10, slow
     boom = lines["boom"]

@@ -149,6 +149,10 @@ func callPython(ctx context.Context, agent *core.Agent, worker string) {
 	normalized, _ := core.Elements[float64](weights)
 	out.Encode(map[string]any{"call": "normalize", "result": normalized, "dtype": weights.DType, "shape": weights.Shape, "error": errText(err)})
 
+	// Any importable function, if the worker allows it (rpc.expose_imports()); refused if not.
+	hypot, err := core.CallFunc[float64](ctx, agent, worker, "math:hypot", 3, 4)
+	out.Encode(map[string]any{"call": "math:hypot", "result": hypot, "error": errText(err)})
+
 	// A Python function that takes longer than the caller waits: the call fails at the deadline.
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	started := time.Now()

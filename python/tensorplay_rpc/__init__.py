@@ -37,7 +37,7 @@ from .backend_registry import (
     init_backend,
     register_backend,
 )
-from .crosslang import RemoteFunction, expose, remote_function
+from .crosslang import RemoteFunction, expose, expose_imports, remote_function
 from .constants import DEFAULT_INIT_METHOD as _DEFAULT_INIT_METHOD
 from .constants import DEFAULT_NUM_WORKER_THREADS as _DEFAULT_NUM_WORKER_THREADS
 from .constants import DEFAULT_RPC_TIMEOUT_SEC as _DEFAULT_RPC_TIMEOUT_SEC
@@ -64,6 +64,7 @@ __all__ = [
     "collect_all",
     "construct_rpc_backend_options",
     "expose",
+    "expose_imports",
     "functions",
     "get_rpc_timeout",
     "get_worker_info",

@@ -398,7 +398,7 @@ class TensorPipeAgent(RpcAgent):
         installed as the process's agent, since the functions it runs may use the API."""
         # Names exposed while the worker joined (after start_agent read them) are served too.
         crosslang.watch_exposed(self._expose)
-        for name in crosslang.exposed_names():
+        for name in [*crosslang.exposed_names(), crosslang.IMPORTS]:
             self._expose(name)
         for t in self._threads:
             t.start()
@@ -676,8 +676,12 @@ class TensorPipeAgent(RpcAgent):
             table.release()
 
     def _expose(self, name: str) -> None:
-        """Serve the function exposed as ``name`` from now on."""
-        self._go_agent.Expose(name)
+        """Serve the function exposed as ``name`` from now on (crosslang.IMPORTS: follow
+        crosslang.expose_imports)."""
+        if name == crosslang.IMPORTS:
+            self._go_agent.ExposeImports(crosslang.imports_allowed())
+        else:
+            self._go_agent.Expose(name)
 
     def _read_message(self, go_segments: Any, pickled: bool = True) -> Tuple[BufferLike, List[BufferLike]]:
         """Take a received message (a request, a reply) out of Go: its payload and out-of-band

@@ -17,6 +17,7 @@ place.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import threading
@@ -67,8 +68,12 @@ def remote_function(name: str) -> RemoteFunction:
 
 _exposed: Dict[str, Callable[..., Any]] = {}
 _exposed_lock = threading.Lock()
-# Called with each name exposed while an agent runs, so it serves the name at once.
+# Called with each name exposed while an agent runs, so it serves the name at once; with
+# IMPORTS when expose_imports changes.
 _on_expose: List[Callable[[str], None]] = []
+# Whether any importable "module:function" may be called by name (expose_imports).
+_imports_allowed = False
+IMPORTS = ":"  # core.ModuleMethods
 
 
 @overload
@@ -108,6 +113,24 @@ def expose(name: Union[str, Callable[..., Any]], fn: Optional[Callable[..., Any]
     for listener in listeners:
         listener(name)
     return fn
+
+
+def expose_imports(allow: bool = True) -> None:
+    """Let callers in any language call every importable function by the name
+    ``"module:function"`` (for example ``"numpy:add"`` or ``"mypkg.train:step"``), as well as the
+    exposed ones; ``allow=False`` stops it. Off by default: with it on, any worker of the world
+    can run any function this interpreter can import."""
+    global _imports_allowed
+    with _exposed_lock:
+        _imports_allowed = bool(allow)
+        listeners = list(_on_expose)
+    for listener in listeners:
+        listener(IMPORTS)
+
+
+def imports_allowed() -> bool:
+    """Whether :func:`expose_imports` is on."""
+    return _imports_allowed
 
 
 def exposed_names() -> List[str]:
@@ -205,11 +228,24 @@ def serve(name: str, payload: Any, buffers: Sequence[Any]) -> List[Any]:
     with _exposed_lock:
         fn = _exposed.get(name)
     if fn is None:
-        raise LookupError(f"no function is exposed under {name!r}")
+        fn = _imported(name)
     args = unpack(payload, buffers)
     if not isinstance(args, list):
         raise TypeError(f"the arguments to {name!r} are not a msgpack array but a {type(args).__name__}")
     return pack(fn(*args), f"the result of {name!r}")
+
+
+def _imported(name: str) -> Callable[..., Any]:
+    """The function ``"module:function"`` names, if expose_imports allows it."""
+    module_name, _, attribute = name.partition(":")
+    if not (_imports_allowed and module_name and attribute):
+        raise LookupError(f"no function is exposed under {name!r} (importable functions are served only after rpc.expose_imports())")
+    fn: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise TypeError(f"{name!r} is a {type(fn).__name__}, not a function")
+    return fn
 
 
 def error_detail(exc: BaseException) -> Any:

@@ -120,6 +120,14 @@ func (a Array) check() error {
 	if count*size != len(a.Data) {
 		return fmt.Errorf("an array of shape %v and dtype %s needs %d bytes, has %d", a.Shape, a.DType, count*size, len(a.Data))
 	}
+	if a.DType == "bool" {
+		// A Go bool must be 0 or 1: any other byte read as one is undefined.
+		for i, b := range a.Data {
+			if b > 1 {
+				return fmt.Errorf("a bool array holds byte %d at %d: want 0 or 1", b, i)
+			}
+		}
+	}
 	return nil
 }
 
@@ -191,6 +199,9 @@ func (a *Array) decodeBody(dec *msgpack.Decoder, n int) error {
 		DType    string
 		Shape    []int
 		Where    any
+	}
+	if err := checkMsgpack(head); err != nil {
+		return fmt.Errorf("an array's head: %w", err)
 	}
 	if err := msgpack.Unmarshal(head, &parts); err != nil {
 		return fmt.Errorf("an array's head: %w", err)

@@ -60,7 +60,10 @@ func Func(f any) Handler {
 // decodeArgs decodes a call's msgpack array of arguments into the parameters of t after its
 // context; in[0] is left for the context.
 func decodeArgs(t reflect.Type, req Message) ([]reflect.Value, error) {
-	dec, done := newDecoder(req)
+	dec, done, err := newDecoder(req)
+	if err != nil {
+		return nil, fmt.Errorf("the arguments: %w", err)
+	}
 	defer done()
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
@@ -100,7 +103,10 @@ func CallFunc[R any](ctx context.Context, a *Agent, to, method string, args ...a
 	if err != nil {
 		return result, pythonError(err)
 	}
-	dec, done := newDecoder(resp)
+	dec, done, err := newDecoder(resp)
+	if err != nil {
+		return result, fmt.Errorf("the result of %q on worker %q: %w", method, to, err)
+	}
 	err = dec.Decode(&result)
 	if arrays := done(); arrays == 0 {
 		resp.Release() // no Array of the result points into it
@@ -125,16 +131,19 @@ func encodeValue(v any) (Message, error) {
 	return Message{Payload: payload.Bytes(), Buffers: buffers}, nil
 }
 
-// newDecoder is a decoder of msg's payload whose Arrays find their data in msg's buffers; done
-// forgets it and says how many Arrays it decoded.
-func newDecoder(msg Message) (dec *msgpack.Decoder, done func() (arrays int)) {
+// newDecoder is a decoder of msg's payload, checked (checkMsgpack), whose Arrays find their
+// data in msg's buffers; done forgets it and says how many Arrays it decoded.
+func newDecoder(msg Message) (dec *msgpack.Decoder, done func() (arrays int), err error) {
+	if err := checkMsgpack(msg.Payload); err != nil {
+		return nil, nil, err
+	}
 	dec = msgpack.NewDecoder(bytes.NewReader(msg.Payload))
 	d := &decoding{buffers: msg.Buffers}
 	decodingBuffers.Store(dec, d)
 	return dec, func() int {
 		decodingBuffers.Delete(dec)
 		return d.arrays
-	}
+	}, nil
 }
 
 // PythonError is an exception raised by a Python function that a Go program called.

@@ -237,3 +237,38 @@ func TestModuleMethodsServeEveryModuleFunctionName(t *testing.T) {
 		t.Fatalf("after the handler is removed: %v, want ErrNoHandler", err)
 	}
 }
+
+// Bytes from a peer are checked before msgpack's decoder, which sizes what it makes by the
+// lengths they claim, sees them: a dozen bytes claiming billions of elements are an error.
+func TestFuncRefusesHostileArguments(t *testing.T) {
+	h := map[string]core.Handler{"f": core.Func(func(_ context.Context, xs []int64, m map[string]string, a core.Array) (int, error) {
+		return len(xs) + len(m) + len(a.Data), nil
+	})}
+	c := coretest.New(t, 2, coretest.Options{Handlers: h})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	arrayHead := func(head ...byte) []byte { // [[], {}, ext 1 of head]
+		return append([]byte{0x93, 0x90, 0x80, 0xc7, byte(len(head)), 1}, head...)
+	}
+	cases := []struct {
+		name    string
+		payload []byte
+		want    string
+	}{
+		{"a slice of four billion", []byte{0x93, 0xdd, 0xff, 0xff, 0xff, 0xff}, "claims 4294967295 bytes"},
+		{"a map of four billion", []byte{0x93, 0x90, 0xdf, 0xff, 0xff, 0xff, 0xff}, "claims 8589934590 bytes"},
+		{"an extension of 4 GiB", []byte{0x93, 0x90, 0x80, 0xc9, 0xff, 0xff, 0xff, 0xff, 1}, "claims 4294967296 bytes"},
+		{"an array's shape of four billion", arrayHead(0x93, 0xa3, 'f', 'o', 'o', 0xdd, 0xff, 0xff, 0xff, 0xff), "claims 4294967295 bytes"},
+		{"an array's buffer that is not there", arrayHead(0x93, 0xa5, 'u', 'i', 'n', 't', '8', 0x91, 0x01, 0x05), "buffer 5 of a message of 0"},
+		{"a bool array of other bytes", arrayHead(0x93, 0xa4, 'b', 'o', 'o', 'l', 0x91, 0x01, 0xc4, 0x01, 0x07), "holds byte 7 at 0"},
+		{"nil for the arguments", []byte{0xc0}, "the arguments are nil"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Agents[0].Call(ctx, "w1", "f", core.Message{Payload: tc.payload})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -87,21 +87,15 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 	a := h.a
 	req := call.Request
 	r := bytes.NewReader(req.Payload)
-	var head struct {
-		_msgpack struct{} `msgpack:",as_array"`
-		Creator  int
-		Local    int64
-		Method   string
-	}
-	if err := msgpack.NewDecoder(r).Decode(&head); err != nil {
+	id, method, err := decodeRemoteHead(msgpack.NewDecoder(r))
+	if err != nil {
 		req.Release()
 		call.Fail(fmt.Errorf("a remote() request: %w", err))
 		return
 	}
-	id := wire.RRefID{Creator: head.Creator, Local: head.Local}
-	if head.Method == RemoteMethod || head.Method == FetchMethod || a.handler(head.Method) == nil {
+	if method == RemoteMethod || method == FetchMethod || a.handler(method) == nil {
 		req.Release()
-		call.Fail(fmt.Errorf("remote() of %q: this worker serves no such function", truncateText(head.Method, maxMethodName)))
+		call.Fail(fmt.Errorf("remote() of %q: this worker serves no such function", truncateText(method, maxMethodName)))
 		return
 	}
 	slot, err := a.values.create(id)
@@ -111,7 +105,7 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 		return
 	}
 	args := Message{Payload: req.Payload[len(req.Payload)-r.Len():], Buffers: req.Buffers}
-	frame := &wire.Frame{Kind: wire.FrameRequest, Method: head.Method}
+	frame := &wire.Frame{Kind: wire.FrameRequest, Method: method}
 	// The value is made even if the caller stops waiting for the confirmation, as torch's owner
 	// makes it: its forks are registered, and to_here() may still ask for it.
 	a.dispatch(a.serveCtx, call.Caller, frame, args, func(resp *wire.Frame, m Message) <-chan struct{} {
@@ -128,6 +122,36 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 	})
 }
 
+// decodeRemoteHead reads the [creator, local, method] that starts a RemoteMethod request, by
+// hand: nothing in it is allocated by a length it claims.
+func decodeRemoteHead(dec *msgpack.Decoder) (id wire.RRefID, method string, err error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return id, "", err
+	}
+	if n != 3 {
+		return id, "", fmt.Errorf("its head has %d items, want 3 (creator, local, method)", n)
+	}
+	if id.Creator, err = dec.DecodeInt(); err != nil {
+		return id, "", err
+	}
+	if id.Local, err = dec.DecodeInt64(); err != nil {
+		return id, "", err
+	}
+	raw, err := dec.DecodeBytesLen()
+	if err != nil {
+		return id, "", err
+	}
+	if raw < 0 || raw > maxMethodName {
+		return id, "", fmt.Errorf("its method name is %d bytes long, want at most %d", raw, maxMethodName)
+	}
+	b := make([]byte, raw)
+	if err := dec.ReadFull(b); err != nil {
+		return id, "", err
+	}
+	return id, string(b), nil
+}
+
 // msgpackNil is the msgpack encoding of nil: the confirmation of an RRef's creation.
 var msgpackNil = []byte{0xc0}
 
@@ -140,7 +164,10 @@ func (h fetchHandler) ServeRPC(call *ServerCall) {
 		Creator  int
 		Local    int64
 	}
-	err := msgpack.Unmarshal(call.Request.Payload, &id)
+	err := checkMsgpack(call.Request.Payload)
+	if err == nil {
+		err = msgpack.Unmarshal(call.Request.Payload, &id)
+	}
 	call.Request.Release()
 	if err != nil {
 		call.Fail(fmt.Errorf("a fetch of an RRef's value: %w", err))

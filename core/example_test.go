@@ -220,3 +220,52 @@ func ExampleFunc() {
 	// 5.5 <nil>
 	// on worker "w1": takes 2 argument(s), got 1
 }
+
+// Arrays cross languages in place: ArrayOf wraps a slice without a copy, Elements reads one
+// back as a typed slice over the received memory. Python sends numpy arrays and torch tensors
+// as Arrays, and receives Arrays as numpy arrays.
+func ExampleElements() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	store := "file://" + filepath.Join(dir, "store")
+
+	// Column sums of a 2-D float32 array.
+	colSums := func(_ context.Context, a core.Array) ([]float32, error) {
+		xs, err := core.Elements[float32](a)
+		if err != nil || len(a.Shape) != 2 {
+			return nil, fmt.Errorf("want a 2-D float32 array, got %s %v (%v)", a.DType, a.Shape, err)
+		}
+		sums := make([]float32, a.Shape[1])
+		for i, x := range xs {
+			sums[i%a.Shape[1]] += x
+		}
+		return sums, nil
+	}
+	agents := make([]*core.Agent, 2)
+	var wg sync.WaitGroup
+	for rank := range agents {
+		wg.Go(func() {
+			a, err := core.Start(context.Background(), core.Config{
+				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
+				Handlers: map[string]core.Handler{"col_sums": core.Func(colSums)},
+			})
+			if err != nil {
+				panic(err)
+			}
+			agents[rank] = a
+		})
+	}
+	wg.Wait()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m := core.ArrayOf([]float32{1, 2, 3, 4, 5, 6}, 2, 3)
+	sums, err := core.CallFunc[[]float32](ctx, agents[0], "w1", "col_sums", m)
+	fmt.Println(sums, err)
+
+	for _, a := range agents {
+		wg.Go(func() { a.Shutdown(context.Background(), true) })
+	}
+	wg.Wait()
+	// Output: [5 7 9] <nil>
+}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
@@ -108,8 +109,8 @@ func sleep(ctx context.Context, seconds float64) (string, error) {
 
 func main() {
 	name := flag.String("name", "feature-store", "this worker's name")
-	rank := flag.Int("rank", 0, "this worker's rank")
-	worldSize := flag.Int("world-size", 1, "the number of workers in the world")
+	rank := flag.Int("rank", envInt("RANK", 0), "this worker's rank (default $RANK)")
+	worldSize := flag.Int("world-size", envInt("WORLD_SIZE", 1), "the number of workers in the world (default $WORLD_SIZE)")
 	python := flag.String("python", "", "a Python worker to call train_step and boom on")
 	flag.Parse()
 
@@ -167,6 +168,15 @@ func callPython(ctx context.Context, agent *core.Agent, worker string) {
 	} else {
 		out.Encode(map[string]any{"call": "boom", "error": errText(err)})
 	}
+}
+
+// envInt is the integer in environment variable name, or def; as Python workers do, a launcher
+// (torchrun, a job script) may set RANK and WORLD_SIZE.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
 }
 
 func errText(err error) string {

@@ -809,7 +809,8 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
         store,
         _to_ms(init_timeout),
         options.max_message_size,
-        options.token or "",  # empty: Go reads $TENSORPLAY_RPC_TOKEN
+        # Read here, not by Go: Go sees only the environment the process started with.
+        options.token or os.environ.get("TENSORPLAY_RPC_TOKEN", ""),
         options.tls_cert or "",
         options.tls_key or "",
         options.tls_ca or "",

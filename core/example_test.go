@@ -184,26 +184,9 @@ func ExampleStart_dynamic() {
 // rpc.remote_function("add")); CallFunc calls them, or the functions a Python worker exposes
 // with rpc.expose, with msgpack arguments and a typed result.
 func ExampleFunc() {
-	dir, _ := os.MkdirTemp("", "example")
-	defer os.RemoveAll(dir)
-	store := "file://" + filepath.Join(dir, "store")
-
 	add := func(_ context.Context, a, b float64) (float64, error) { return a + b, nil }
-	agents := make([]*core.Agent, 2)
-	var wg sync.WaitGroup
-	for rank := range agents {
-		wg.Go(func() {
-			a, err := core.Start(context.Background(), core.Config{
-				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
-				Handlers: map[string]core.Handler{"add": core.Func(add)},
-			})
-			if err != nil {
-				panic(err)
-			}
-			agents[rank] = a
-		})
-	}
-	wg.Wait()
+	agents, stop := twoAgents(map[string]core.Handler{"add": core.Func(add)}) // as in Example
+	defer stop()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -211,11 +194,6 @@ func ExampleFunc() {
 	fmt.Println(sum, err)
 	_, err = core.CallFunc[float64](ctx, agents[0], "w1", "add", 2)
 	fmt.Println(err)
-
-	for _, a := range agents {
-		wg.Go(func() { a.Shutdown(context.Background(), true) })
-	}
-	wg.Wait()
 	// Output:
 	// 5.5 <nil>
 	// on worker "w1": takes 2 argument(s), got 1
@@ -225,10 +203,6 @@ func ExampleFunc() {
 // back as a typed slice over the received memory. Python sends numpy arrays and torch tensors
 // as Arrays, and receives Arrays as numpy arrays.
 func ExampleElements() {
-	dir, _ := os.MkdirTemp("", "example")
-	defer os.RemoveAll(dir)
-	store := "file://" + filepath.Join(dir, "store")
-
 	// Column sums of a 2-D float32 array.
 	colSums := func(_ context.Context, a core.Array) ([]float32, error) {
 		xs, err := core.Elements[float32](a)
@@ -241,13 +215,28 @@ func ExampleElements() {
 		}
 		return sums, nil
 	}
-	agents := make([]*core.Agent, 2)
+	agents, stop := twoAgents(map[string]core.Handler{"col_sums": core.Func(colSums)}) // as in Example
+	defer stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m := core.ArrayOf([]float32{1, 2, 3, 4, 5, 6}, 2, 3)
+	sums, err := core.CallFunc[[]float32](ctx, agents[0], "w1", "col_sums", m)
+	fmt.Println(sums, err)
+	// Output: [5 7 9] <nil>
+}
+
+// twoAgents starts workers w0 and w1 in this program, as Example does, with handlers; stop
+// shuts them down.
+func twoAgents(handlers map[string]core.Handler) (agents []*core.Agent, stop func()) {
+	dir, _ := os.MkdirTemp("", "example")
+	store := "file://" + filepath.Join(dir, "store")
+	agents = make([]*core.Agent, 2)
 	var wg sync.WaitGroup
 	for rank := range agents {
 		wg.Go(func() {
 			a, err := core.Start(context.Background(), core.Config{
-				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store,
-				Handlers: map[string]core.Handler{"col_sums": core.Func(colSums)},
+				Name: fmt.Sprintf("w%d", rank), Rank: rank, WorldSize: 2, InitMethod: store, Handlers: handlers,
 			})
 			if err != nil {
 				panic(err)
@@ -256,16 +245,11 @@ func ExampleElements() {
 		})
 	}
 	wg.Wait()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	m := core.ArrayOf([]float32{1, 2, 3, 4, 5, 6}, 2, 3)
-	sums, err := core.CallFunc[[]float32](ctx, agents[0], "w1", "col_sums", m)
-	fmt.Println(sums, err)
-
-	for _, a := range agents {
-		wg.Go(func() { a.Shutdown(context.Background(), true) })
+	return agents, func() {
+		for _, a := range agents {
+			wg.Go(func() { a.Shutdown(context.Background(), true) })
+		}
+		wg.Wait()
+		os.RemoveAll(dir)
 	}
-	wg.Wait()
-	// Output: [5 7 9] <nil>
 }

@@ -669,11 +669,7 @@ class TensorPipeAgent(RpcAgent):
         except BaseException as exc:
             self._fail(go_request, f"{type(exc).__name__}: {exception_text(exc)}", crosslang.error_detail(exc))
             return
-        table = SegmentTable(reply)
-        try:
-            go_request.Reply(table.address, table.count, table.size >= _go.BorrowThreshold)
-        finally:
-            table.release()
+        self._send_reply(go_request, reply)
 
     def _expose(self, name: str) -> None:
         """Serve the function exposed as ``name`` from now on (crosslang.IMPORTS: follow
@@ -742,6 +738,10 @@ class TensorPipeAgent(RpcAgent):
         except BaseException as exc:  # an unpicklable result fails the call, not the worker
             self._reply_error(go_request, FrameworkError(f"{type(exc).__name__}: {exception_text(exc)}"))
             return
+        self._send_reply(go_request, segments)
+
+    def _send_reply(self, go_request, segments: List[Any]) -> None:
+        """Answer ``go_request`` with the message of ``segments``."""
         table = SegmentTable(segments)
         try:
             # A borrowed reply is sent before Reply returns, so the table is released after.

@@ -84,8 +84,9 @@ func ArrayOf[T Element](data []T, shape ...int) Array {
 	return Array{DType: dtypeOf[T](), Shape: shape, Data: raw}
 }
 
-// Elements is a's elements as a []T, in place when its data is aligned for T (a copy when it
-// is not); an error if a's dtype is not T's.
+// Elements is a's elements as a []T over a's own memory (received Arrays and those of ArrayOf
+// are aligned for T; an Array built by hand with misaligned Data gets a copy); an error if a's
+// dtype is not T's.
 func Elements[T Element](a Array) ([]T, error) {
 	if want := dtypeOf[T](); a.DType != want {
 		return nil, fmt.Errorf("the array holds %s, not %s", a.DType, want)
@@ -223,7 +224,24 @@ func (a *Array) decodeBody(dec *msgpack.Decoder, n int) error {
 		a.Data = dd.buffers[i]
 		dd.arrays++
 	}
-	return a.check()
+	if err := a.check(); err != nil {
+		return err
+	}
+	a.Data = aligned(a.Data, dtypeSizes[a.DType])
+	return nil
+}
+
+// aligned is data, or a copy of it if it does not start at a multiple of size (at most 8): a
+// received message's buffers follow its payload in one allocation, wherever the payload
+// ends, and Elements must give a slice over the Array's own memory, not over a copy of it.
+func aligned(data []byte, size int) []byte {
+	if len(data) == 0 || uintptr(unsafe.Pointer(&data[0]))%uintptr(size) == 0 {
+		return data
+	}
+	words := make([]uint64, (len(data)+7)/8) // 8-aligned
+	out := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(data))
+	copy(out, data)
+	return out
 }
 
 // maxArrayHead bounds an array's head (its dtype, shape and buffer index).

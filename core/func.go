@@ -171,14 +171,17 @@ type pythonErrorDetail struct {
 	Traceback string `msgpack:"traceback"`
 }
 
+// maxErrorDetail bounds the error detail read into a PythonError (a traceback is far shorter).
+const maxErrorDetail = 4 << 20
+
 // pythonError turns a RemoteError that carries a Python exception into a *PythonError.
 func pythonError(err error) error {
 	var re *RemoteError
-	if !errors.As(err, &re) || len(re.Payload.Payload) == 0 {
+	if !errors.As(err, &re) || len(re.Payload.Payload) == 0 || len(re.Payload.Payload) > maxErrorDetail {
 		return err
 	}
 	var d pythonErrorDetail
-	if msgpack.Unmarshal(re.Payload.Payload, &d) != nil || d.Type == "" {
+	if checkMsgpack(re.Payload.Payload) != nil || msgpack.Unmarshal(re.Payload.Payload, &d) != nil || d.Type == "" {
 		return err
 	}
 	return &PythonError{Worker: re.Worker, Type: d.Type, Message: d.Message, Traceback: d.Traceback, remote: re}

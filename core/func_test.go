@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -129,6 +130,16 @@ func TestPythonErrorsAreTyped(t *testing.T) {
 	if !errors.As(err, &re) || re.Worker != "w1" {
 		t.Fatalf("a PythonError must unwrap to its RemoteError, got %v", re)
 	}
+
+	// A detail nested millions deep is left as it is: decoding it would overflow the stack.
+	deep := append([]byte{0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 1<<20)...)
+	c.Agents[1].Register("deep", core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) {
+		return core.Message{}, core.NewRemoteError("deep", core.Message{Payload: deep})
+	}))
+	_, err = core.CallFunc[any](ctx, c.Agents[0], "w1", "deep")
+	if errors.As(err, &pe) || !errors.As(err, &re) || re.Message != "deep" {
+		t.Fatalf("a deep detail: %v, want the RemoteError alone", err)
+	}
 }
 
 func TestArraysCrossBesideTheMsgpack(t *testing.T) {
@@ -169,6 +180,19 @@ func TestArraysCrossBesideTheMsgpack(t *testing.T) {
 	}
 	if data[0] != 1 {
 		t.Fatal("the caller's array changed: the callee must work on the received copy")
+	}
+	// Big enough to arrive in one pooled buffer, its data just after a payload of any length:
+	// Elements must still give the array's own memory, or the scaling is lost.
+	for _, shape := range [][]int{{600000}, {2, 3, 100000}, {6, 100000}, {3, 200000}} {
+		big := make([]float32, 600000)
+		for i := range big {
+			big[i] = float32(i % 7)
+		}
+		got, err := core.CallFunc[core.Array](ctx, a, "w1", "scale", core.ArrayOf(big, shape...), float32(10))
+		xs, _ := core.Elements[float32](got)
+		if err != nil || len(xs) != len(big) || xs[5] != 50 || xs[599999] != float32(599999%7)*10 {
+			t.Fatalf("scale of shape %v: %v (%d elements)", shape, err, len(xs))
+		}
 	}
 	if _, err := core.Elements[int64](got); err == nil || !strings.Contains(err.Error(), "holds float32, not int64") {
 		t.Fatalf("Elements of the wrong type: %v", err)

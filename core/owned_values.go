@@ -2,8 +2,10 @@ package core
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
@@ -15,6 +17,8 @@ import (
 // reply here under the RRef's id, and to_here() fetches it. The forks are counted as for every
 // owner (rref.go); the value goes with the last.
 const (
+	// ReservedMethodPrefix starts the names of the core's own methods.
+	ReservedMethodPrefix = "_tensorplay/"
 	// RemoteMethod runs a handler and keeps its reply as an RRef's value. Its payload is the
 	// msgpack array [creator, local, method] of the RRef's id and the handler, followed by
 	// the call's own payload (the msgpack array of its arguments); its buffers are the call's.
@@ -29,6 +33,8 @@ type ownedValue struct {
 	ready chan struct{}
 	msg   Message // the handler's reply, in memory of its own
 	err   error
+	// stop ends the handler's context: the RRef is dropped, no one will read the value.
+	stop context.CancelFunc
 }
 
 // ownedValues are the values of the RRefs this worker owns.
@@ -58,11 +64,16 @@ func (v *ownedValues) get(id wire.RRefID) *ownedValue {
 	return v.m[id]
 }
 
-// drop forgets the value of id: its last fork is gone.
-func (v *ownedValues) drop(id wire.RRefID) {
+// drop forgets the value of id, whose last fork is gone, and reports whether it held one.
+func (v *ownedValues) drop(id wire.RRefID) bool {
 	v.mu.Lock()
+	slot := v.m[id]
 	delete(v.m, id)
 	v.mu.Unlock()
+	if slot != nil && slot.stop != nil {
+		slot.stop()
+	}
+	return slot != nil
 }
 
 // count is the number of values kept.
@@ -74,8 +85,7 @@ func (v *ownedValues) count() int {
 
 // rrefDropped is called when the last fork of an RRef this worker owns is gone.
 func (a *Agent) rrefDropped(id wire.RRefID) {
-	a.values.drop(id)
-	if a.onRRefDropped != nil {
+	if !a.values.drop(id) && a.onRRefDropped != nil { // a value kept here is no one else's
 		a.onRRefDropped(id)
 	}
 }
@@ -93,9 +103,16 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 		call.Fail(fmt.Errorf("a remote() request: %w", err))
 		return
 	}
-	if method == RemoteMethod || method == FetchMethod || a.handler(method) == nil {
+	if strings.HasPrefix(method, ReservedMethodPrefix) || a.handler(method) == nil {
 		req.Release()
 		call.Fail(fmt.Errorf("remote() of %q: this worker serves no such function", truncateText(method, maxMethodName)))
+		return
+	}
+	// Only the RRef's creator makes it, once its fork is registered (the fork travels ahead
+	// of the request): a value no fork holds would never be dropped.
+	if id.Creator != call.Caller.ID || !a.refs.hasForks(id) {
+		req.Release()
+		call.Fail(fmt.Errorf("remote() of %q: RRef (created_on=%d, local_id=%d) is not one of worker %q with a fork registered here", truncateText(method, maxMethodName), id.Creator, id.Local, call.Caller.Name))
 		return
 	}
 	slot, err := a.values.create(id)
@@ -104,12 +121,24 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 		call.Fail(err)
 		return
 	}
+	// The caller may stop waiting for the confirmation (its deadline): its call, and the slot
+	// it holds in this worker's service, end then; the value is still made, as torch's owner
+	// makes it, until the RRef is dropped.
+	ctx, stop := context.WithCancel(a.serveCtx)
+	slot.stop = stop
+	giveUp := context.AfterFunc(call.Context(), func() {
+		call.Fail(fmt.Errorf("%w: the caller stopped waiting for the creation of RRef (created_on=%d, local_id=%d)", ErrCanceled, id.Creator, id.Local))
+	})
 	args := Message{Payload: req.Payload[len(req.Payload)-r.Len():], Buffers: req.Buffers}
 	frame := &wire.Frame{Kind: wire.FrameRequest, Method: method}
 	// The value is made even if the caller stops waiting for the confirmation, as torch's owner
 	// makes it: its forks are registered, and to_here() may still ask for it.
-	a.dispatch(a.serveCtx, call.Caller, frame, args, func(resp *wire.Frame, m Message) <-chan struct{} {
+	a.dispatch(ctx, call.Caller, frame, args, func(resp *wire.Frame, m Message) <-chan struct{} {
+		giveUp()
 		reply, err := responseResult(resp, m, a.self.Name)
+		if re, ok := err.(*RemoteError); ok {
+			err = &RemoteError{Worker: re.Worker, Message: re.Message, Payload: re.Payload.plainCopy()}
+		}
 		slot.msg, slot.err = reply.plainCopy(), err
 		close(slot.ready)
 		req.Release()

@@ -37,6 +37,14 @@ type holderRef struct {
 
 func newRefTable() *refTable { return &refTable{entries: map[wire.RRefID]*refEntry{}} }
 
+// hasForks reports whether some fork of id is registered.
+func (t *refTable) hasForks(id wire.RRefID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	return e != nil && len(e.forks) > 0
+}
+
 // apply performs op and reports whether the RRef is now referenced nowhere.
 func (t *refTable) apply(op wire.RefOp) (dropped bool) {
 	t.mu.Lock()

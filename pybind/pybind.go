@@ -46,9 +46,6 @@ const (
 	FetchMethod  = core.FetchMethod
 )
 
-// reservedPrefix starts the names of the core's own methods.
-const reservedPrefix = "_tensorplay/"
-
 // BorrowThreshold is the message size from which Python has Go send its memory in place
 // instead of copying it: the chunk size, since a message of one chunk or less is copied into
 // a frame anyway.

@@ -54,8 +54,8 @@ func (a *Agent) ExposeImports(allow bool) {
 }
 
 func checkExposedName(name string) error {
-	if name == "" || name == PyMethod || strings.HasPrefix(name, reservedPrefix) || strings.Contains(name, "\n") {
-		return fmt.Errorf("%q cannot be the name of an exposed function: it is empty, holds a newline or is reserved (%q, names starting %q)", name, PyMethod, reservedPrefix)
+	if name == "" || name == PyMethod || strings.HasPrefix(name, core.ReservedMethodPrefix) || strings.Contains(name, "\n") {
+		return fmt.Errorf("%q cannot be the name of an exposed function: it is empty, holds a newline or is reserved (%q, names starting %q)", name, PyMethod, core.ReservedMethodPrefix)
 	}
 	return nil
 }

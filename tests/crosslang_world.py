@@ -50,9 +50,22 @@ def double(x):
     return x * 2
 
 
+def owned_counts():
+    """Run on the helper: the RRefs it owns (Python's table, Go's)."""
+    return list(rpc._get_current_rpc_agent().owned_rref_count())
+
+
 def to_here_of(rref):
     """Run on the helper: fetch an RRef's value from its owner."""
     return rref.to_here()
+
+
+def _refusal(fn):
+    try:
+        fn()
+        return None
+    except ValueError as exc:
+        return "ValueError"
 
 
 def outcome(fn):
@@ -133,6 +146,13 @@ if RANK == 0:
     out["remote_error"] = outcome(lambda: rpc.remote(GO, f("lookup"), args=([-1],)).to_here())
     out["remote_proxy"] = outcome(lambda: kept.rpc_sync().anything())
     out["remote_on_python"] = outcome(lambda: rpc.remote("helper", f("double"), args=(21,)).to_here())
+    gc.collect()
+    deadline = time.monotonic() + 20  # the helper's RRef is released and dropped everywhere
+    while rpc.rpc_sync("helper", owned_counts) != [0, 0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["helper_owns_after_release"] = outcome(lambda: rpc.rpc_sync("helper", owned_counts))
+    out["bad_names"] = outcome(lambda: [_refusal(lambda: rpc.expose(n, double)) for n in ("", "a\nb", "py", "_tensorplay/x")]
+                               + [_refusal(lambda: rpc.remote_function("py"))])
     out["owned_while_held"] = outcome(lambda: rpc.rpc_sync(GO, f("owned")))
     del kept, scaled_rref
     gc.collect()

@@ -74,6 +74,8 @@ def mixed_world(goworker, tmp_path_factory):
         ("remote_array", [0.0, 3.0, 6.0, 9.0]),
         ("remote_on_python", 42),
         ("import_allowed", 42),
+        ("helper_owns_after_release", [0, 0]),
+        ("bad_names", ["ValueError"] * 5),
         ("owned_after_release", 0),
         ("after_calls", 1.5),
     ],

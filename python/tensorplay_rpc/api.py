@@ -128,7 +128,12 @@ def init_rpc(
             backend, store=store, name=name, rank=rank, world_size=world_size, rpc_backend_options=rpc_backend_options
         )
         install_agent(agent)
-        agent.start()
+        try:
+            agent.start()
+        except BaseException:  # leave no half-started worker behind: init_rpc may be called again
+            install_agent(None, expected=agent)
+            agent.shutdown(graceful=False, timeout=0)
+            raise
     logger.debug("RPC agent %s joined a world of %s", name, world_size or "dynamic membership")
 
 

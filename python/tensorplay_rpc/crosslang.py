@@ -45,9 +45,7 @@ class RemoteFunction:
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a remote function's name must be a non-empty str, got {name!r}")
-        self.name = name
+        self.name = check_name(name, "a remote function")
 
     def __repr__(self) -> str:
         return f"remote_function({self.name!r})"
@@ -76,6 +74,22 @@ _imports_allowed = False
 IMPORTS = ":"  # core.ModuleMethods
 
 
+# Method names the core and the Python agent use themselves (pybind's PyMethod and
+# core.ReservedMethodPrefix).
+_PICKLED_METHOD = "py"
+_RESERVED_PREFIX = "_tensorplay/"
+
+
+def check_name(name: Any, what: str) -> str:
+    """``name`` if it can name a function called by name; a ``ValueError`` saying why not."""
+    if not isinstance(name, str) or not name or "\n" in name or name == _PICKLED_METHOD or name.startswith(_RESERVED_PREFIX):
+        raise ValueError(
+            f"{what}'s name must be a non-empty str without newlines, other than {_PICKLED_METHOD!r} "
+            f"and names starting {_RESERVED_PREFIX!r} (the agent's own), got {name!r}"
+        )
+    return name
+
+
 @overload
 def expose(name: F) -> F: ...
 @overload
@@ -101,8 +115,7 @@ def expose(name: Union[str, Callable[..., Any]], fn: Optional[Callable[..., Any]
     """
     if callable(name) and fn is None:
         return expose(name.__name__, name)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"an exposed function's name must be a non-empty str, got {name!r}")
+    check_name(name, "an exposed function")
     if fn is None:
         return lambda f: expose(name, f)
     if not callable(fn):

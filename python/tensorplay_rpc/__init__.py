@@ -45,6 +45,7 @@ from .constants import UNSET_RPC_TIMEOUT as _UNSET_RPC_TIMEOUT
 from .futures import Future, collect_all, wait_all
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
 from .rref import PyRRef, RRef, method_factory, new_method
+from .version import __version__
 from .worker_info import WorkerInfo
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "TensorPipeAgent",
     "TensorPipeRpcBackendOptions",
     "WorkerInfo",
+    "__version__",
     "backend_registered",
     "collect_all",
     "construct_rpc_backend_options",

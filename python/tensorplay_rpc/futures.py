@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Generator, Generic, List, Optional, Tuple, TypeVar
 
 from .constants import WAIT_SLICE_S
 from .internal import exception_text
@@ -70,6 +70,32 @@ class Future(Generic[T]):
         if self._unwrap is not None:
             self._unwrap(self._result)  # for its checks (it may raise): its result is not used
         return self._result
+
+    def __await__(self) -> Generator[Any, None, T]:
+        """``await fut`` in a coroutine: the event loop goes on while the future is pending, and
+        the value is returned (or the exception raised) there. Cancelling the awaiting task
+        leaves the future as it is."""
+        import asyncio  # only code that awaits pays for it
+
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def settle(_: "Future[T]") -> None:
+            if not waiter.cancelled():
+                try:
+                    waiter.set_result(None)
+                except asyncio.InvalidStateError:  # cancelled meanwhile
+                    pass
+
+        def on_done(_: "Future[T]") -> None:
+            try:
+                loop.call_soon_threadsafe(settle, self)
+            except RuntimeError:  # the loop was closed: no one awaits any more
+                pass
+
+        self.add_done_callback(on_done)
+        yield from waiter.__await__()
+        return self.value()
 
     def then(self, callback: Callable[["Future[T]"], S]) -> "Future[S]":
         """Return a future of ``callback(self)``, run once this future completes. If the

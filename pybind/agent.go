@@ -128,6 +128,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		return nil, err
 	}
 	a.agent = ag
+	logReader.Store(a) // the newest agent's event thread takes Go's log records
 	return a, nil
 }
 
@@ -225,6 +226,7 @@ func (a *Agent) WaitShutdown(timeoutMs int) (bool, error) {
 	defer t.Stop()
 	select {
 	case <-a.shutdownDone:
+		logReader.CompareAndSwap(a, nil) // Python takes what is left itself (api.shutdown)
 		return true, a.shutdownErr
 	case <-t.C:
 		return false, nil

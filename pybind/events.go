@@ -6,6 +6,8 @@ import "github.com/tensorplay/tensorplay-rpc/core/wire"
 const (
 	EventCallDone = iota + 1
 	EventRRefsDropped
+	// EventLogs says Go logged records for Python (TakeLogs).
+	EventLogs
 )
 
 // Event is something Python must act on: a call Python asked to be told about completed, or

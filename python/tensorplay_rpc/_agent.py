@@ -29,6 +29,35 @@ from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
+# What the Go core logs, forwarded (forward_go_logs).
+go_logger = logging.getLogger("tensorplay_rpc.core")
+
+# TENSORPLAY_RPC_LOG_LEVEL (debug, info, warning, error): the least level of the Go core's
+# records that reach Python's logging; warning by default.
+LOG_LEVEL_ENV = "TENSORPLAY_RPC_LOG_LEVEL"
+_GO_LEVELS = {-4: logging.DEBUG, 0: logging.INFO, 4: logging.WARNING, 8: logging.ERROR}
+
+
+def _set_go_log_level() -> None:
+    name = os.environ.get(LOG_LEVEL_ENV, "warning").strip().upper()
+    level = logging.getLevelName(name)
+    if not isinstance(level, int):
+        logger.warning("%s=%r is no log level (debug, info, warning, error): using warning", LOG_LEVEL_ENV, name.lower())
+        level = logging.WARNING
+    _go.SetLogLevel(level)
+
+
+_set_go_log_level()
+
+
+def forward_go_logs() -> None:
+    """Log, under ``tensorplay_rpc.core``, what the Go core logged since the last call."""
+    records = _go.TakeLogs()
+    if not records:
+        return
+    for record in records.split("\x00"):
+        level, _, text = record.partition("\t")
+        go_logger.log(_GO_LEVELS.get(int(level), logging.WARNING), "%s", text)
 
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
@@ -615,7 +644,9 @@ class TensorPipeAgent(RpcAgent):
                     time.sleep(WAIT_SLICE_S)  # completions of the last calls are on their way
                 continue
             kind = event.Kind()
-            if kind == _go.EventRRefsDropped:
+            if kind == _go.EventLogs:
+                forward_go_logs()
+            elif kind == _go.EventRRefsDropped:
                 for i in range(event.Dropped()):
                     self.owner_table.drop((event.RRefCreator(i), event.RRefLocal(i)))
             elif kind == _go.EventCallDone:
@@ -794,6 +825,7 @@ class TensorPipeAgent(RpcAgent):
         self._completer.join(timeout=5)
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)
+        forward_go_logs()  # what shutting down logged
 
 
 def start_agent(store: str, name: str, rank: int, world_size: int, options: TensorPipeRpcBackendOptions) -> TensorPipeAgent:
@@ -821,5 +853,7 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
         _wait_on_go(starter.Wait)
     except BaseException:
         starter.Cancel()
+        forward_go_logs()
         raise
+    forward_go_logs()  # what joining logged
     return TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout, is_static_group=world_size > 0)

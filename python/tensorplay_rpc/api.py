@@ -39,6 +39,49 @@ def _env_rendezvous_error(var: str) -> ValueError:
 DYNAMIC_WORLD = 0
 
 
+def slurm_first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``node[07-09,12],gpu1`` gives ``node07``."""
+    first = ""
+    depth = 0
+    for ch in nodelist:  # the first entry: up to a comma outside brackets
+        if ch == "," and depth == 0:
+            break
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        first += ch
+    prefix, bracket, rest = first.partition("[")
+    if not bracket:
+        return first
+    inside, _, suffix = rest.partition("]")
+    return prefix + inside.split(",")[0].split("-")[0] + suffix
+
+
+def cluster_env(env: "os._Environ[str] | Dict[str, str]") -> Dict[str, str]:
+    """``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``MASTER_ADDR`` as torchrun sets them, from
+    the first launcher whose variables are there: torchrun's own (or tensorplay_rpc.run's),
+    then Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, the first host of the
+    job's node list), then Open MPI's (``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
+    ``OMPI_COMM_WORLD_LOCAL_RANK``). A ``MASTER_ADDR`` that is set is kept."""
+    found: Dict[str, str] = {}
+    if "RANK" in env:
+        found = {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k in env}
+    elif "SLURM_PROCID" in env:
+        found = {"RANK": env["SLURM_PROCID"]}
+        for ours, theirs in (("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
+            if theirs in env:
+                found[ours] = env[theirs]
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if nodelist:
+            found["MASTER_ADDR"] = slurm_first_host(nodelist)
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        found = {"RANK": env["OMPI_COMM_WORLD_RANK"]}
+        for ours, theirs in (("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"), ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")):
+            if theirs in env:
+                found[ours] = env[theirs]
+    if env.get("MASTER_ADDR"):
+        found["MASTER_ADDR"] = env["MASTER_ADDR"]
+    return found
+
+
 def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> Tuple[str, int, int]:
     """Fill in rank and world_size as torch's rendezvous does: from the environment for
     ``env://``, from the URL's query for ``tcp://`` and ``file://``; a world size found
@@ -47,16 +90,18 @@ def _rendezvous_args(init_method: str, rank: int, world_size: Optional[int]) -> 
     to ``os.environ``, so ``env://`` is resolved here."""
     url = urlparse(init_method)
     if url.scheme == "env":
+        cluster = cluster_env(os.environ)
         if rank == -1:
-            if "RANK" not in os.environ:
+            if "RANK" not in cluster:
                 raise _env_rendezvous_error("RANK")
-            rank = int(os.environ["RANK"])
-        if world_size is None and "WORLD_SIZE" in os.environ:
-            world_size = int(os.environ["WORLD_SIZE"])
-        for var in ("MASTER_ADDR", "MASTER_PORT"):
-            if not os.environ.get(var):
-                raise _env_rendezvous_error(var)
-        host = os.environ["MASTER_ADDR"]
+            rank = int(cluster["RANK"])
+        if world_size is None and "WORLD_SIZE" in cluster:
+            world_size = int(cluster["WORLD_SIZE"])
+        if not cluster.get("MASTER_ADDR"):
+            raise _env_rendezvous_error("MASTER_ADDR")
+        if not os.environ.get("MASTER_PORT"):
+            raise _env_rendezvous_error("MASTER_PORT")
+        host = cluster["MASTER_ADDR"]
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         store = f"tcp://{host}:{os.environ['MASTER_PORT']}"

@@ -72,8 +72,11 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 	// the call out of whichever stream table holds it and fails it.
 	var conn atomic.Pointer[peerConn]
 	var stopWatch atomic.Pointer[func() bool]
+	to.stats.callStarted(req)
+	started := time.Now()
 	f.onDone = func() {
 		a.outstanding.Add(-1)
+		to.stats.callDone(started, f.resp, f.err)
 		if stop := stopWatch.Load(); stop != nil {
 			(*stop)()
 		}

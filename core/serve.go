@@ -71,6 +71,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 		}
 		// Every response acknowledges the caller's reference operations applied so far.
 		fr.RefSeq = from.refsApplied.Load()
+		from.stats.bytesSent.Add(int64(msg.Size()))
 		out, err := writer.send(fr, msg, freeSlot)
 		if err != nil {
 			freeSlot()
@@ -99,6 +100,8 @@ func (a *Agent) serveStream(s transport.Stream) {
 		}
 		switch fr.Kind {
 		case wire.FrameRequest:
+			from.stats.callsServed.Add(1)
+			from.stats.bytesReceived.Add(int64(msg.Size()))
 			// Reference operations ride on requests, ahead of them (frameWriter.send): they
 			// apply even to a request refused below.
 			if len(fr.Refs) > 0 {

@@ -18,6 +18,7 @@ type member struct {
 	// (see applyRefOpsFrom).
 	refsApplied atomic.Uint64
 	probing     atomic.Bool // forgetIfGone is asking whether it is gone
+	stats       peerStats   // the traffic with it (Metrics)
 }
 
 // world is the agent's view of its world at one version: never changed once published, so

@@ -2,6 +2,7 @@ package pybind
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"strings"
@@ -141,6 +142,15 @@ func (a *Agent) Return(lendID int64) {
 	if ok {
 		msg.Release()
 	}
+}
+
+// MetricsJSON is core.Agent.Metrics in JSON.
+func (a *Agent) MetricsJSON() string {
+	b, err := json.Marshal(a.agent.Metrics())
+	if err != nil {
+		return "{}" // cannot happen for numbers and strings
+	}
+	return string(b)
 }
 
 // Goroutines is the number of goroutines in this process (tests look for leaks with it).

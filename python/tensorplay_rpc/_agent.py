@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import os
 import threading
@@ -607,6 +608,13 @@ class TensorPipeAgent(RpcAgent):
     def release_fork(self, owner: int, rref_id: Id, fork_id: Id) -> None:
         """Tell the RRef's owner this worker dropped a fork; does not block."""
         self._go_agent.ReleaseFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1])
+
+    def metrics(self) -> Dict[str, Any]:
+        """A snapshot of this worker's traffic and memory (see ``api.metrics``)."""
+        snapshot: Dict[str, Any] = json.loads(self._go_agent.MetricsJSON())
+        snapshot["lent_messages"] = self.lent_messages()
+        snapshot["pending_futures"] = self.pending_futures()
+        return snapshot
 
     def owned_rref_count(self) -> Tuple[int, int]:
         """RRefs this worker owns: values kept by Python, entries counted by Go."""

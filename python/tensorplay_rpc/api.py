@@ -223,6 +223,17 @@ def _is_current_rpc_agent_set() -> bool:
     return current_agent() is not None
 
 
+def metrics() -> Dict[str, Any]:
+    """A snapshot of this worker's traffic and memory: ``peers``, one dict per worker of the
+    world (``name``, ``id``, ``calls_sent``, ``calls_served``, ``bytes_sent``,
+    ``bytes_received``, ``in_flight``, ``errors`` by kind: remote, timeout, peer_lost,
+    canceled, other; ``latency_us``: upper bounds of p50, p90 and p99 of the calls made to
+    it), then ``outstanding`` (calls not complete), ``receive_bytes_in_use`` and
+    ``receive_budget`` (big messages being received), ``owned_rrefs``, ``lent_messages``
+    (received buffers Python still uses in place) and ``pending_futures``."""
+    return require_agent().metrics()
+
+
 def _get_debug_info() -> Dict[str, str]:
     """This worker's counters, by name, as strings (see :meth:`RpcAgent.get_debug_info`)."""
     return _get_current_rpc_agent().get_debug_info()

@@ -221,3 +221,28 @@ def non_graceful(rank, world_size):
     rpc.shutdown(graceful=False)
     took = time.monotonic() - start
     return took, error_of(fut.wait)
+
+
+def metrics(rank, world_size):
+    """Worker 0 makes six calls to worker 1 and reads its own metrics; worker 1 reads what it
+    served once an all-gather (one more call from worker 0) says worker 0 is done."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        for i in range(4):
+            rpc.rpc_sync("worker1", add, args=(i, 1))
+        error_of(lambda: rpc.rpc_sync("worker1", raise_value_error, args=("counted",)))
+        error_of(lambda: rpc.rpc_sync("worker1", slow, args=(1,), timeout=0.1))
+        snapshot = rpc.metrics()
+        rpc.api._all_gather(None)
+    else:
+        rpc.api._all_gather(None)
+        snapshot = rpc.metrics()
+    peer = {p["name"]: p for p in snapshot["peers"]}["worker1" if rank == 0 else "worker0"]
+    out = {k: peer[k] for k in ("calls_sent", "calls_served", "in_flight")}
+    out["errors"] = {k: v for k, v in peer["errors"].items() if v}
+    out["has_latency"] = sorted(peer["latency_us"])
+    out["bytes_positive"] = peer["bytes_sent"] > 0 and peer["bytes_received"] > 0
+    out["keys"] = sorted(snapshot)
+    rpc.shutdown()
+    return out

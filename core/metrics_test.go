@@ -14,7 +14,10 @@ func TestMetricsCountTrafficByPeer(t *testing.T) {
 	handlers := map[string]core.Handler{
 		"echo": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) { return req, nil }),
 		"fail": core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) { return core.Message{}, errors.New("no") }),
-		"wait": core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) { <-ctx.Done(); return core.Message{}, ctx.Err() }),
+		"wait": core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) {
+			<-ctx.Done()
+			return core.Message{}, ctx.Err()
+		}),
 	}
 	c := coretest.New(t, 2, coretest.Options{Handlers: handlers})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

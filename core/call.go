@@ -92,7 +92,10 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 	if to.info.ID == a.self.ID {
 		// Both ways an own copy (Message.ownCopy), so the request's and the reply's memory are
 		// no longer read once the call returns and the reply is handed over.
+		to.stats.callsServed.Add(1)
+		to.stats.bytesReceived.Add(int64(req.Size()))
 		a.dispatch(a.serveCtx, a.self, frame, req.ownCopy(), func(resp *wire.Frame, msg Message) <-chan struct{} {
+			to.stats.bytesSent.Add(int64(msg.Size()))
 			own := msg.ownCopy()
 			reply, err := responseResult(resp, own, name)
 			if !f.complete(reply, err) {

@@ -62,7 +62,8 @@ func (h pythonLogHandler) Handle(_ context.Context, r slog.Record) error {
 		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
 		return true
 	})
-	logs.add(b.String())
+	// NUL separates records (TakeLogs): one inside a record, from a peer's name, is escaped.
+	logs.add(strings.ReplaceAll(b.String(), "\x00", `\x00`))
 	return nil
 }
 

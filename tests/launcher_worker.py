@@ -1,6 +1,6 @@
 """A worker started by tests/test_launcher.py through python -m tensorplay_rpc.run.
 
-    launcher_worker.py ok | fail | env | wait READY_DIR
+    launcher_worker.py ok | fail | env | spam | wait READY_DIR
 """
 
 import os
@@ -19,6 +19,10 @@ def rank_of():
 
 if MODE == "env":  # what the launcher set, without joining
     print(" ".join(f"{v}={os.environ[v]}" for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+    sys.exit(0)
+if MODE == "spam":  # far more than a pipe holds
+    for i in range(200_000):
+        print(f"line {i}")
     sys.exit(0)
 if MODE == "fail" and RANK == 1:
     print("rank 1 fails on purpose", file=sys.stderr)

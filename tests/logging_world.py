@@ -2,9 +2,10 @@
 
     python logging_world.py RANK PORT SYNC_DIR
 
-w0 records what reaches the "tensorplay_rpc.core" logger; w1 is killed by the test while in
-the world (w0's core warns that it is gone); w2 leaves gracefully (w0's core says so at debug
-level). w0 writes the records (level, text) to SYNC_DIR/records.json.
+w0 and w2 record what reaches the "tensorplay_rpc.core" logger; w1 is killed by the test while
+in the world (the core of whichever finds it gone first warns so); w2 leaves gracefully (w0's
+core says so at debug level). Each writes its records (level, text) to
+SYNC_DIR/records<rank>.json.
 """
 
 import json
@@ -27,7 +28,7 @@ class Keep(logging.Handler):
         records.append((record.levelname, record.getMessage()))
 
 
-if RANK == 0:
+if RANK != 1:
     core = logging.getLogger("tensorplay_rpc.core")
     core.addHandler(Keep())
     core.setLevel(logging.DEBUG)
@@ -42,9 +43,15 @@ if RANK == 1:
 elif RANK == 2:
     steps.wait("w1_dropped")
     rpc.shutdown()
+    with open(os.path.join(SYNC, "records2.json"), "w") as f:
+        json.dump(records, f)
     steps.mark("left2")
 else:
     names = lambda: {w.name for w in rpc._get_current_rpc_agent().get_worker_infos()}
+    # w1's init_rpc returned, so every member knew it: from now on its absence means it was
+    # dropped (the test may have killed it already).
+    steps.wait("joined1")
+    steps.wait("joined2")
     deadline = time.monotonic() + 30
     while "w1" in names() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -53,5 +60,5 @@ else:
     while "w2" in names() and time.monotonic() < deadline:
         time.sleep(0.05)
     rpc.shutdown()
-    with open(os.path.join(SYNC, "records.json"), "w") as f:
+    with open(os.path.join(SYNC, "records0.json"), "w") as f:
         json.dump(records, f)

@@ -23,6 +23,7 @@ def awaited():
         ("cancelled", True),
         ("after_cancel", 0.3),  # the future of a cancelled await still completes
         ("already_done", 0.3),
+        ("callbacks_left", 0),  # 20 awaits given up by wait_for took their callbacks back
     ],
 )
 def test_futures_can_be_awaited(awaited, what, expected):

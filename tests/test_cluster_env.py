@@ -33,7 +33,11 @@ def test_cluster_variables(env, expected):
     assert api.cluster_env(env) == expected
 
 
-@pytest.mark.parametrize("nodelist, first", [("a", "a"), ("a,b", "a"), ("x[3-5]", "x3"), ("x[003-005]y", "x003y"), ("p[1,4-6],q", "p1")])
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [("a", "a"), ("a,b", "a"), ("x[3-5]", "x3"), ("x[003-005]y", "x003y"), ("p[1,4-6],q", "p1"),
+     ("rack[1-2]-node[01-04]", "rack1-node01"), ("cn[1-2]-[1-4],z", "cn1-1"), ("node[1-3]-ib", "node1-ib"), ("gpu2[01-05]", "gpu201")],
+)
 def test_slurm_first_host(nodelist, first):
     assert api.slurm_first_host(nodelist) == first
 

@@ -42,6 +42,15 @@ def test_a_second_node_numbers_its_workers_after_the_first():
 
 
 @pytest.mark.timeout(120)
+def test_a_closed_output_pipe_blocks_no_worker():
+    # head exits after two lines: the launcher must drain the workers' output, not stop reading.
+    command = " ".join([*LAUNCH, "--nproc", "2", WORKER, "spam"]) + " | head -n 2; echo status=${PIPESTATUS[0]}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[2] == "status=0", done.stdout[-500:] + done.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
 def test_a_failed_worker_ends_the_world_with_its_status():
     started = time.monotonic()
     done = launch("--nproc", "3", WORKER, "fail")

@@ -8,6 +8,7 @@ called from Go.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import itertools
@@ -49,6 +50,7 @@ def _set_go_log_level() -> None:
 
 
 _set_go_log_level()
+atexit.register(lambda: forward_go_logs())  # what is logged after the last drain (shutdown)
 
 
 def forward_go_logs() -> None:
@@ -58,7 +60,7 @@ def forward_go_logs() -> None:
         return
     for record in records.split("\x00"):
         level, _, text = record.partition("\t")
-        go_logger.log(_GO_LEVELS.get(int(level), logging.WARNING), "%s", text)
+        go_logger.log(_GO_LEVELS.get(int(level) if level.lstrip("-").isdigit() else 4, logging.WARNING), "%s", text)
 
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
@@ -651,17 +653,23 @@ class TensorPipeAgent(RpcAgent):
                             return
                     time.sleep(WAIT_SLICE_S)  # completions of the last calls are on their way
                 continue
-            kind = event.Kind()
-            if kind == _go.EventLogs:
-                forward_go_logs()
-            elif kind == _go.EventRRefsDropped:
-                for i in range(event.Dropped()):
-                    self.owner_table.drop((event.RRefCreator(i), event.RRefLocal(i)))
-            elif kind == _go.EventCallDone:
-                with self._pending_lock:
-                    fut = self._pending.pop(event.NotifyID(), None)
-                if fut is not None:
-                    fut._settle()
+            try:
+                self._handle_event(event)
+            except Exception:  # a bug (or a logging filter that raises) must not end this thread
+                logger.exception("handling an event failed")
+
+    def _handle_event(self, event: Any) -> None:
+        kind = event.Kind()
+        if kind == _go.EventLogs:
+            forward_go_logs()
+        elif kind == _go.EventRRefsDropped:
+            for i in range(event.Dropped()):
+                self.owner_table.drop((event.RRefCreator(i), event.RRefLocal(i)))
+        elif kind == _go.EventCallDone:
+            with self._pending_lock:
+                fut = self._pending.pop(event.NotifyID(), None)
+            if fut is not None:
+                fut._settle()
 
     # -- incoming calls -------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import numbers
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
@@ -48,11 +49,8 @@ def slurm_first_host(nodelist: str) -> str:
             break
         depth += {"[": 1, "]": -1}.get(ch, 0)
         first += ch
-    prefix, bracket, rest = first.partition("[")
-    if not bracket:
-        return first
-    inside, _, suffix = rest.partition("]")
-    return prefix + inside.split(",")[0].split("-")[0] + suffix
+    # Every bracket group gives its first item: rack[1-2]-node[01-04] is rack1-node01.
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], first)
 
 
 def cluster_env(env: "os._Environ[str] | Dict[str, str]") -> Dict[str, str]:
@@ -69,7 +67,8 @@ def cluster_env(env: "os._Environ[str] | Dict[str, str]") -> Dict[str, str]:
         for ours, theirs in (("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
             if theirs in env:
                 found[ours] = env[theirs]
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        # The step's own nodes first: a step may run on some of the job's only.
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         if nodelist:
             found["MASTER_ADDR"] = slurm_first_host(nodelist)
     elif "OMPI_COMM_WORLD_RANK" in env:

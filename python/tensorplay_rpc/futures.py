@@ -94,8 +94,17 @@ class Future(Generic[T]):
                 pass
 
         self.add_done_callback(on_done)
+        # An await given up (a cancelled task, wait_for's timeout) takes its callback back: a
+        # loop polling a long call must not pile them up.
+        waiter.add_done_callback(lambda w: self._discard_callback(on_done) if w.cancelled() else None)
         yield from waiter.__await__()
         return self.value()
+
+    def _discard_callback(self, callback: Callable[["Future[T]"], None]) -> None:
+        """Forget ``callback`` if it has not run yet."""
+        with self._cond:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
     def then(self, callback: Callable[["Future[T]"], S]) -> "Future[S]":
         """Return a future of ``callback(self)``, run once this future completes. If the

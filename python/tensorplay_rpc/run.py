@@ -72,24 +72,41 @@ def worker_env(ns: argparse.Namespace, local_rank: int, addr: str, port: int) ->
 
 
 def _relay(stream: IO[bytes], out: IO[str], prefix: str) -> None:
-    """Copy ``stream`` to ``out`` a line at a time, each line prefixed."""
+    """Copy ``stream`` to ``out`` a line at a time, each line prefixed. If ``out`` cannot be
+    written (a closed pipe: ``... | head``), the rest is read and dropped: a worker must
+    never block on a full pipe no one reads."""
+    writable = True
     for raw in iter(stream.readline, b""):
-        out.write(prefix + raw.decode(errors="replace"))
-        out.flush()
+        if not writable:
+            continue
+        try:
+            out.write(prefix + raw.decode(errors="replace"))
+            out.flush()
+        except (OSError, ValueError, UnicodeError):
+            writable = False
     stream.close()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to worker ``p`` and the processes it started (its process group: each
+    worker leads one), by the worker's PID."""
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:  # the group is gone
+        pass
 
 
 def _end(procs: List[subprocess.Popen], sig: int) -> None:
     """Send ``sig`` to every worker still running, then SIGKILL those left after the grace."""
     for p in procs:
         if p.poll() is None:
-            p.send_signal(sig)
+            _signal_group(p, sig)
     deadline = time.monotonic() + END_GRACE_S
     for p in procs:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            _signal_group(p, signal.SIGKILL)
             p.wait()
 
 

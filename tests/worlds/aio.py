@@ -49,6 +49,15 @@ async def _await_calls() -> dict:
     except asyncio.CancelledError:
         out["cancelled"] = True
     out["after_cancel"] = fut.wait()
+    # Awaits given up on a pending call leave no callbacks behind.
+    pending = rpc.rpc_async("worker1", slow, args=(0.5,))
+    for _ in range(20):
+        try:
+            await asyncio.wait_for(pending, 0.001)
+        except asyncio.TimeoutError:
+            pass
+    out["callbacks_left"] = len(pending._callbacks)
+    pending.wait()
     # A future that is already complete is awaited at once.
     out["already_done"] = await fut
     return out

@@ -30,6 +30,22 @@ type Request struct {
 // Valid reports whether the request is real (gopy turns a nil *Request into an empty one).
 func (r *Request) Valid() bool { return r != nil && r.call != nil }
 
+// Request kinds: what Take writes first in the table, so the served thread tells a pickled
+// Python-level request from a call of a function by name without asking (Method).
+const (
+	RequestPickled = StatusOK
+	RequestByName  = StatusOK + 1
+)
+
+// Take is Segments.Take with the request's kind first in the table.
+func (r *Request) Take(sizes uintptr, tableLen int, buf uintptr, bufLen int) int {
+	kind := RequestPickled
+	if r.call.Method != PyMethod {
+		kind = RequestByName
+	}
+	return r.take(kind, sizes, tableLen, buf, bufLen)
+}
+
 // Method is the method called: PyMethod, or the name of a function Python exposes.
 func (r *Request) Method() string { return r.call.Method }
 

@@ -160,7 +160,7 @@ if RANK == 0:
     while rpc.rpc_sync(GO, f("owned")) and time.monotonic() < deadline:
         time.sleep(0.05)
     out["owned_after_release"] = outcome(lambda: rpc.rpc_sync(GO, f("owned")))
-    out["after_calls"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(np.float64(1.5).item(), 0)))
+    out["after_calls"] = outcome(lambda: rpc.rpc_sync(GO, f("add"), args=(1.5, 0)))
 rpc.shutdown()
 with open(OUT, "w") as fh:
     json.dump(out, fh)

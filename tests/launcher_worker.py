@@ -4,6 +4,7 @@
 """
 
 import os
+import subprocess
 import sys
 import time
 
@@ -29,6 +30,10 @@ if MODE == "fail" and RANK == 1:
     sys.exit(3)
 rpc.init_rpc(f"w{RANK}")  # rank and world size from the launcher's environment
 if MODE == "wait":
+    # A process of the worker's own (as a DataLoader's), which Ctrl-C must reach too.
+    child = subprocess.Popen(["sleep", "60"])
+    with open(os.path.join(sys.argv[2], f"child{RANK}"), "w") as f:
+        f.write(str(child.pid))
     open(os.path.join(sys.argv[2], f"ready{RANK}"), "w").close()
     time.sleep(60)  # until the test's Ctrl-C
 world = int(os.environ["WORLD_SIZE"])

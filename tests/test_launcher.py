@@ -74,3 +74,18 @@ def test_ctrl_c_reaches_every_worker(tmp_path):
         end_processes([launcher])
     assert launcher.returncode == 130, (launcher.returncode, err)
     assert err.count("KeyboardInterrupt") == 2, err  # each worker got one Ctrl-C, and only one
+    # The workers' own processes got it too (each worker leads a process group).
+    children = [int((tmp_path / f"child{r}").read_text()) for r in range(2)]
+    alive = [pid for pid in children if _alive(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"processes {alive} of the workers outlived Ctrl-C"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process pid still runs (not a zombie: an orphan is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

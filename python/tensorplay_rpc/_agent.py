@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import constants, crosslang
-from ._buffers import KIND_BYTES, BufferLike, SegmentTable, lent_view, new_bytearray, new_bytes, scratch
+from ._buffers import BufferLike, SegmentTable, came_as_bytes, lent_view, new_bytearray, new_bytes, scratch
 from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
@@ -50,7 +50,6 @@ def _set_go_log_level() -> None:
 
 
 _set_go_log_level()
-atexit.register(lambda: forward_go_logs())  # what is logged after the last drain (shutdown)
 
 
 def forward_go_logs() -> None:
@@ -61,6 +60,9 @@ def forward_go_logs() -> None:
     for record in records.split("\x00"):
         level, _, text = record.partition("\t")
         go_logger.log(_GO_LEVELS.get(int(level) if level.lstrip("-").isdigit() else 4, logging.WARNING), "%s", text)
+
+
+atexit.register(forward_go_logs)  # what is logged after the last drain (shutdown)
 
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
@@ -689,15 +691,15 @@ class TensorPipeAgent(RpcAgent):
     def _serve(self, go_request) -> None:
         try:
             s = scratch()
-            method = go_request.Method()
-            pickled = method == _go.PyMethod
             count = go_request.Take(s.table_address, s.TABLE_LEN, s.buf_address, s.BUF_LEN)
-            if count >= 0:  # a small request: taken with that one call
+            if count >= 0:  # a small request: taken with that one call, its kind first
+                pickled = s.table[0] == _go.RequestPickled
                 _, payload, buffers = s.unpack(count, pickled)
             else:
+                pickled = go_request.Method() == _go.PyMethod
                 payload, buffers = self._read_message(go_request, pickled)
-            if not pickled:
-                self._serve_function(go_request, method, payload, buffers)
+            if not pickled:  # only calls by name ask for the method: one boundary call fewer
+                self._serve_function(go_request, go_request.Method(), payload, buffers)
                 return
             kind, *body = deserialize(payload, buffers)
             result = self._handlers[kind](*body)
@@ -741,28 +743,24 @@ class TensorPipeAgent(RpcAgent):
             go_segments.Release()
             return payload, []
         kinds: bytes = b""
+        data_sizes = sizes
         if pickled:
             kinds, address = new_bytes(sizes[-1])
             go_segments.CopySegment(count - 1, address)
-        else:
-            sizes.append(0)  # so that the data segments are sizes[:-1] either way
-
-        def is_bytes(i: int) -> bool:  # segment i (a buffer) was a bytes object
-            return i > 0 and pickled and kinds[i - 1] == KIND_BYTES
-
+            data_sizes = sizes[:-1]
         base = go_segments.Lend()
         if base:
             view = lent_view(base, sum(sizes), functools.partial(self._go_agent.Return, go_segments.LendID()))
             parts: List[BufferLike] = []
             offset = 0
-            for i, size in enumerate(sizes[:-1]):
+            for i, size in enumerate(data_sizes):
                 part = view[offset : offset + size]
                 offset += size
-                parts.append(bytes(part) if is_bytes(i) else part)
+                parts.append(bytes(part) if came_as_bytes(kinds, i) else part)
             return parts[0], parts[1:]
         parts = []
-        for i, size in enumerate(sizes[:-1]):
-            buf, address = new_bytes(size) if is_bytes(i) else new_bytearray(size)
+        for i, size in enumerate(data_sizes):
+            buf, address = new_bytes(size) if came_as_bytes(kinds, i) else new_bytearray(size)
             if size:
                 go_segments.CopySegment(i, address)
             parts.append(buf)

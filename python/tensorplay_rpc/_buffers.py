@@ -162,16 +162,21 @@ class Scratch:
         if count == 1:
             return status, bytes(view[: sizes[0]]), []
         total = sum(sizes)
-        kinds = bytes(view[total - sizes[-1] : total]) if pickled else b""
-        if not pickled:
-            sizes.append(0)  # so that the data segments are sizes[:-1] either way
+        kinds, data_sizes = (bytes(view[total - sizes[-1] : total]), sizes[:-1]) if pickled else (b"", sizes)
         parts: List[BufferLike] = []
         offset = 0
-        for i, size in enumerate(sizes[:-1]):
+        for i, size in enumerate(data_sizes):
             piece = view[offset : offset + size]
             offset += size
-            parts.append(bytes(piece) if i > 0 and pickled and kinds[i - 1] == KIND_BYTES else bytearray(piece))
+            parts.append(bytes(piece) if came_as_bytes(kinds, i) else bytearray(piece))
         return status, parts[0], parts[1:]
+
+
+def came_as_bytes(kinds: bytes, i: int) -> bool:
+    """Whether segment ``i`` of a message (0 is the payload) was sent as a bytes object, by
+    the kinds segment of a pickled message (internal.serialize); ``b""`` for other messages,
+    whose buffers are all writable."""
+    return 0 < i <= len(kinds) and kinds[i - 1] == KIND_BYTES
 
 
 _scratch = threading.local()

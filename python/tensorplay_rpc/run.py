@@ -14,7 +14,6 @@ status.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import socket
@@ -23,8 +22,6 @@ import sys
 import threading
 import time
 from typing import IO, List, Optional, Sequence
-
-logger = logging.getLogger(__name__)
 
 # How long workers have to end after SIGTERM (or after Ctrl-C is passed on) before SIGKILL.
 END_GRACE_S = 5.0
@@ -148,7 +145,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 rank, status = failed[0]
-                logger.error("worker %d exited with status %d: ending the others", ns.node_rank * ns.nproc + rank, status)
                 print(f"python -m tensorplay_rpc.run: worker {ns.node_rank * ns.nproc + rank} exited with status {status}; ending the others", file=sys.stderr)
                 _end(procs, signal.SIGTERM)
                 status = status if status > 0 else 128 - status  # killed by a signal: 128 + its number

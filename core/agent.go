@@ -62,6 +62,10 @@ type Config struct {
 	Transports []string
 	// Store is used instead of the one InitMethod names, e.g. a rendezvous.MemStore in tests.
 	Store rendezvous.Store
+	// StoreServed, if set, is called on rank 0 with the address its rendezvous store listens
+	// on, before the others are waited for: a store at "tcp://host:0" gets a free port, which
+	// the program then publishes to the others (as Python does through torch's store).
+	StoreServed func(addr string)
 	// Logger receives warnings; nil means slog.Default().
 	Logger *slog.Logger
 	// MaxMessageSize bounds the payload plus buffers of one message, sent or received; 0 means
@@ -280,6 +284,12 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 			return "", fmt.Errorf("%w: %w (is another world using this MASTER_PORT?)", ErrRendezvous, err)
 		}
 		a.store = mem
+		addr = a.storeServer.Addr() // the port it got, if asked for any
+		if cfg.StoreServed != nil {
+			cfg.StoreServed(addr)
+		}
+	} else if strings.HasSuffix(addr, ":0") {
+		return "", fmt.Errorf("%w: rank %d cannot dial the store at %s: port 0 asks rank 0 for a free port, and the others need the port it got", ErrRendezvous, cfg.Rank, addr)
 	} else if a.store, err = rendezvous.DialStore(addr, cfg.Token, cfg.TLS); err != nil {
 		return "", err
 	}

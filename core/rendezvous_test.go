@@ -107,3 +107,48 @@ func TestFileStoreWorld(t *testing.T) {
 	}
 	again.Shutdown(t.Context(), true)
 }
+
+// A store served on port 0 gets a free port, which rank 0 hands to StoreServed before it
+// waits for the others; they join through the port it got. A rank other than 0 cannot dial
+// port 0.
+func TestStoreServedOnAFreePort(t *testing.T) {
+	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, InitTimeout: 5 * time.Second})
+	for i := range cfgs {
+		cfgs[i].InitMethod = "tcp://127.0.0.1:0"
+	}
+	_, err := core.Start(t.Context(), cfgs[1])
+	if err == nil || !errors.Is(err, core.ErrRendezvous) || !strings.Contains(err.Error(), "port 0 asks rank 0 for a free port") {
+		t.Fatalf("rank 1 dialing port 0: err = %v, want the port-0 refusal", err)
+	}
+	served := make(chan string, 1)
+	cfgs[0].StoreServed = func(addr string) { served <- addr }
+	agents := make([]*core.Agent, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); agents[0], errs[0] = core.Start(t.Context(), cfgs[0]) }()
+	var addr string
+	select {
+	case addr = <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 0 never reported its store's address")
+	}
+	if strings.HasSuffix(addr, ":0") || !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("served address %q, want 127.0.0.1 and the port it got", addr)
+	}
+	for i := 1; i < len(cfgs); i++ {
+		cfgs[i].InitMethod = "tcp://" + addr
+		wg.Add(1)
+		go func() { defer wg.Done(); agents[i], errs[i] = core.Start(t.Context(), cfgs[i]) }()
+	}
+	wg.Wait()
+	for i, a := range agents {
+		if errs[i] != nil {
+			t.Fatalf("rank %d: %v", i, errs[i])
+		}
+		defer a.Shutdown(t.Context(), false)
+	}
+	if got := len(agents[2].Workers()); got != 3 {
+		t.Fatalf("rank 2 sees %d workers, want 3", got)
+	}
+}

@@ -33,10 +33,11 @@ type Agent struct {
 
 // Starter is a join of the world under way (BeginStart).
 type Starter struct {
-	done   chan struct{}
-	cancel context.CancelFunc
-	agent  *Agent
-	err    error
+	done        chan struct{}
+	storeServed chan string // rank 0's store address, once it listens
+	cancel      context.CancelFunc
+	agent       *Agent
+	err         error
 }
 
 // BeginStart starts joining the world and returns at once; Wait reports when the join is
@@ -48,7 +49,7 @@ type Starter struct {
 // functions Python serves to every language (Expose) from the moment it joins.
 func BeginStart(name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token, certFile, keyFile, caFile, transports, exposed string) *Starter {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Starter{done: make(chan struct{}), cancel: cancel}
+	s := &Starter{done: make(chan struct{}), storeServed: make(chan string, 1), cancel: cancel}
 	go func() {
 		defer close(s.done)
 		defer recovered(&s.err)
@@ -71,7 +72,7 @@ func BeginStart(name string, rank, worldSize int, initMethod string, initTimeout
 				}
 			}
 		}
-		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles, names, functions)
+		s.agent, s.err = start(ctx, name, rank, worldSize, initMethod, initTimeoutMs, maxMessageSize, token, tlsFiles, names, functions, s.storeServed)
 	}()
 	return s
 }
@@ -85,6 +86,27 @@ func (s *Starter) Wait(timeoutMs int) bool {
 		return true
 	case <-t.C:
 		return false
+	}
+}
+
+// ServedStore waits up to timeoutMs for rank 0's rendezvous store to listen and returns its
+// address ("" if the join ended first, or on timeout): Python publishes it when the store was
+// asked for a free port (tcp://host:0).
+func (s *Starter) ServedStore(timeoutMs int) string {
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case addr := <-s.storeServed:
+		return addr
+	case <-s.done:
+		select { // served just before the join ended
+		case addr := <-s.storeServed:
+			return addr
+		default:
+			return ""
+		}
+	case <-t.C:
+		return ""
 	}
 }
 
@@ -104,7 +126,7 @@ func (s *Starter) Agent() (*Agent, error) {
 	return s.agent, s.err
 }
 
-func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports, exposed []string) (*Agent, error) {
+func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports, exposed []string, storeServed chan<- string) (*Agent, error) {
 	a := &Agent{
 		lent:         map[int64]core.Message{},
 		shutdownDone: make(chan struct{}),
@@ -124,6 +146,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		Transports:     transports,
 		Handlers:       handlers,
 		OnRRefDropped:  a.rrefDropped,
+		StoreServed:    func(addr string) { storeServed <- addr },
 	})
 	if err != nil {
 		return nil, err

@@ -36,8 +36,10 @@ func checkHostPort(hostport, from string) (string, error) {
 		return "", fmt.Errorf("store address %q from %s must be host:port", hostport, from)
 	}
 	var p int
-	if _, err := fmt.Sscanf(port, "%d", &p); err != nil || p < 1 || p > 65535 || fmt.Sprint(p) != port {
-		return "", fmt.Errorf("store port %q from %s must be a number from 1 to 65535", port, from)
+	// Port 0 asks rank 0 for a free port (see Config.StoreServed); the others are refused it
+	// when they dial.
+	if _, err := fmt.Sscanf(port, "%d", &p); err != nil || p < 0 || p > 65535 || fmt.Sprint(p) != port {
+		return "", fmt.Errorf("store port %q from %s must be a number from 0 to 65535", port, from)
 	}
 	return hostport, nil
 }

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import constants, crosslang
+from . import _torch_store, constants, crosslang
 from ._buffers import BufferLike, SegmentTable, came_as_bytes, lent_view, new_bytearray, new_bytes, scratch
 from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
@@ -407,6 +407,8 @@ class TensorPipeAgent(RpcAgent):
         self.running = True
         #: False for a dynamic world (``init_rpc(world_size=None)``), as torch's attribute.
         self.is_static_group = is_static_group
+        #: Where this world met, if through torch's store; rank 0's serves later joiners.
+        self.torch_meeting: Optional[_torch_store.TorchMeeting] = None
         self.info = WorkerInfo(go_agent.Name(), go_agent.ID())
         self._world_version = -1
         self._last_refresh = 0.0
@@ -848,6 +850,9 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
 
     The join waits in slices, so Ctrl-C stops one that waits on a missing worker."""
     init_timeout = options.rpc_timeout if options.rpc_timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
+    meeting = _torch_store.meeting_for(store, rank, init_timeout)
+    if meeting is not None:
+        store = meeting.free_port_url() if rank == 0 else meeting.read()
     starter = _go.BeginStart(
         name,
         rank,
@@ -864,10 +869,19 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
         "\n".join(crosslang.exposed_names()),
     )
     try:
+        if meeting is not None and rank == 0:
+            served = ""
+            while not served and not starter.Wait(0):
+                served = starter.ServedStore(_SLICE_MS)
+            if served:
+                meeting.publish(served)
         _wait_on_go(starter.Wait)
     except BaseException:
         starter.Cancel()
         forward_go_logs()
         raise
     forward_go_logs()  # what joining logged
-    return TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout, is_static_group=world_size > 0)
+    agent = TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout, is_static_group=world_size > 0)
+    # Rank 0's torch store must outlive the join: a dynamic world's later members meet there.
+    agent.torch_meeting = meeting
+    return agent

@@ -1,8 +1,14 @@
 """init_rpc(name) with no rank or world size, under the launchers users run (issue 14): the
 variables torchrun, Slurm's srun and Open MPI's mpirun set, as they set them."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
+from conftest import TESTS_DIR, end_processes, free_port
 from tensorplay_rpc import api
 
 
@@ -53,3 +59,24 @@ def test_env_rendezvous_takes_slurm_variables(monkeypatch):
     monkeypatch.delenv("MASTER_PORT")
     with pytest.raises(ValueError, match="MASTER_PORT"):
         api._rendezvous_args("env://", -1, None)
+
+
+@pytest.mark.timeout(120)
+def test_under_a_real_mpirun(tmp_path):
+    """Open MPI's own mpirun (Debian's openmpi-bin) starts three workers; each finds its
+    rank and the world size in Open MPI's variables."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    command = [
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3",
+        "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
+        sys.executable, os.path.join(TESTS_DIR, "cluster_worker.py"),
+    ]
+    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        end_processes([proc])
+    assert proc.returncode == 0, out
+    seen = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda w: w["id"])
+    assert seen == [{"name": f"w{i}", "id": i, "peer": [f"w{(i + 1) % 3}", (i + 1) % 3]} for i in range(3)], out

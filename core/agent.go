@@ -101,7 +101,8 @@ const (
 
 // Agent is one worker's RPC endpoint.
 type Agent struct {
-	self WorkerInfo
+	self       WorkerInfo
+	listenHost string // the host this agent listens on
 	// view is the world now (world.go); worldMu orders its changes in a dynamic world.
 	view    atomic.Pointer[world]
 	worldMu sync.Mutex
@@ -242,6 +243,7 @@ func (a *Agent) start(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	a.listenHost = host
 	a.self = WorkerInfo{Name: cfg.Name, ID: cfg.Rank, Addr: addr}
 	// The store itself gives up after InitTimeout and names the missing ranks; the slack lets
 	// its answer arrive.

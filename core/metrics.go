@@ -17,7 +17,8 @@ type peerStats struct {
 	inFlight                 atomic.Int64 // calls to the member not yet complete
 	failed                   [numErrorKinds]atomic.Int64
 	// latency counts completed calls by the power of two of their microseconds.
-	latency [latencyBuckets]atomic.Int64
+	latency   [latencyBuckets]atomic.Int64
+	latencyUs atomic.Int64 // their sum
 }
 
 const latencyBuckets = 40 // up to 2^39 us: 6 days
@@ -67,6 +68,7 @@ func (s *peerStats) callDone(started time.Time, resp Message, err error) {
 	}
 	us := uint64(time.Since(started).Microseconds())
 	s.latency[min(bits.Len64(us), latencyBuckets-1)].Add(1)
+	s.latencyUs.Add(int64(us))
 }
 
 // PeerMetrics is the traffic with one worker, from this one's side.
@@ -88,6 +90,11 @@ type PeerMetrics struct {
 	// LatencyUs holds upper bounds of the 50th, 90th and 99th percentiles of the completed
 	// calls' latency, in microseconds (a power of two each: the histogram's buckets).
 	LatencyUs map[string]int64 `json:"latency_us"`
+	// LatencyHistogram counts the completed calls to the worker by bucket: bucket b holds
+	// those that took under 2^b microseconds (and at least 2^(b-1)), the last the rest.
+	LatencyHistogram []int64 `json:"-"`
+	// LatencySumUs is the microseconds the completed calls took, together.
+	LatencySumUs int64 `json:"-"`
 }
 
 // Metrics is a snapshot of an agent's traffic and memory.
@@ -124,12 +131,13 @@ func (a *Agent) Metrics() Metrics {
 		for k := range s.failed {
 			p.Errors[errorKindNames[k]] = s.failed[k].Load()
 		}
-		var counts [latencyBuckets]int64
+		counts := make([]int64, latencyBuckets)
 		var total int64
 		for b := range s.latency {
 			counts[b] = s.latency[b].Load()
 			total += counts[b]
 		}
+		p.LatencyHistogram, p.LatencySumUs = counts, s.latencyUs.Load()
 		for _, q := range []struct {
 			name string
 			at   float64

@@ -83,6 +83,10 @@ func (a *Agent) member(id int) (*member, error) {
 // Self is this worker.
 func (a *Agent) Self() WorkerInfo { return a.self }
 
+// ListenHost is the host this agent listens on: Config.ListenHost, or its address toward the
+// rendezvous store.
+func (a *Agent) ListenHost() string { return a.listenHost }
+
 // Workers lists every worker of the world now, by id. A dynamic world's changes as workers
 // join and leave (WorldVersion counts the changes).
 func (a *Agent) Workers() []WorkerInfo { return slices.Clone(a.world().sorted) }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
+	"github.com/tensorplay/tensorplay-rpc/core/promexport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -25,6 +28,8 @@ type Agent struct {
 
 	dropMu  sync.Mutex
 	dropped []wire.RRefID // referenced nowhere, not yet posted (rrefDropped)
+
+	metrics atomic.Pointer[promexport.Server] // the Prometheus endpoint, if ServeMetrics started one
 
 	shutdownDone chan struct{}
 	shutdownErr  error
@@ -176,6 +181,22 @@ func (a *Agent) MetricsJSON() string {
 	return string(b)
 }
 
+// ServeMetrics serves this worker's metrics to Prometheus at /metrics, on the host the
+// worker listens on and port base + localRank (base 0: a free port); it returns the address.
+// Called once, after the join.
+func (a *Agent) ServeMetrics(base string, localRank int) (string, error) {
+	port, err := promexport.PortFor(base, localRank)
+	if err != nil {
+		return "", err
+	}
+	srv, err := promexport.Serve(net.JoinHostPort(a.agent.ListenHost(), port), a.agent)
+	if err != nil {
+		return "", err
+	}
+	a.metrics.Store(srv)
+	return srv.Addr(), nil
+}
+
 // Goroutines is the number of goroutines in this process (tests look for leaks with it).
 func (a *Agent) Goroutines() int { return runtime.NumGoroutine() }
 
@@ -248,6 +269,9 @@ func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 			}
 			defer cancel()
 			a.shutdownErr = a.agent.Shutdown(ctx, graceful)
+			if m := a.metrics.Load(); m != nil {
+				m.Close(ctx)
+			}
 		}()
 	})
 }

@@ -409,6 +409,8 @@ class TensorPipeAgent(RpcAgent):
         self.is_static_group = is_static_group
         #: Where this world met, if through torch's store; rank 0's serves later joiners.
         self.torch_meeting: Optional[_torch_store.TorchMeeting] = None
+        #: host:port of this worker's Prometheus endpoint, if it serves one.
+        self.metrics_address: Optional[str] = None
         self.info = WorkerInfo(go_agent.Name(), go_agent.ID())
         self._world_version = -1
         self._last_refresh = 0.0
@@ -884,4 +886,25 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
     agent = TensorPipeAgent(starter.Agent(), options.num_worker_threads, options.rpc_timeout, is_static_group=world_size > 0)
     # Rank 0's torch store must outlive the join: a dynamic world's later members meet there.
     agent.torch_meeting = meeting
+    agent.metrics_address = _serve_metrics(agent)
     return agent
+
+
+METRICS_PORT_ENV = "TENSORPLAY_RPC_METRICS_PORT"
+
+
+def _serve_metrics(agent: TensorPipeAgent) -> Optional[str]:
+    """Serve the worker's metrics to Prometheus if TENSORPLAY_RPC_METRICS_PORT asks, on that
+    port plus the worker's LOCAL_RANK (one port per worker of a machine); the address, or
+    None. A port that cannot be served is a warning: metrics must not stop a world."""
+    base = os.environ.get(METRICS_PORT_ENV, "").strip()
+    if not base:
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    try:
+        addr: str = agent._go_agent.ServeMetrics(base, local_rank)
+    except RuntimeError as e:
+        logger.warning("%s=%s: no Prometheus endpoint: %s", METRICS_PORT_ENV, base, e)
+        return None
+    logger.info("serving Prometheus metrics at http://%s/metrics", addr)
+    return addr

@@ -233,6 +233,12 @@ def metrics() -> Dict[str, Any]:
     return require_agent().metrics()
 
 
+def metrics_address() -> Optional[str]:
+    """``host:port`` of this worker's Prometheus endpoint (``/metrics``), served when the
+    environment variable ``TENSORPLAY_RPC_METRICS_PORT`` is set; None when it is not."""
+    return require_agent().metrics_address
+
+
 def _get_debug_info() -> Dict[str, str]:
     """This worker's counters, by name, as strings (see :meth:`RpcAgent.get_debug_info`)."""
     return _get_current_rpc_agent().get_debug_info()

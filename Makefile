@@ -18,7 +18,7 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python vet bench fuzz soak scale clean
+.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench fuzz soak scale clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
@@ -111,7 +111,11 @@ fuzz:
 test-python: install
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider
 
-test: vet test-go test-python
+# The package's annotations, as a user's type checker sees them (Debian's mypy).
+typecheck: deps
+	cd python && mypy --strict --config-file ../pyproject.toml --python-executable $(PYTHON_SYSTEM) tensorplay_rpc
+
+test: vet typecheck test-go test-python
 
 demo: install
 	$(PY) tests/demo.py

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 from . import _torch_store, constants, crosslang
 from ._buffers import BufferLike, SegmentTable, came_as_bytes, lent_view, new_bytearray, new_bytes, scratch
@@ -74,10 +74,10 @@ _REMOTE = "remote"  # (_REMOTE, rref_id, func, args, kwargs): run func, keep the
 _FETCH = "fetch"  # (_FETCH, rref_id): reply with the value of an RRef this worker owns
 
 # What a call message carries: (func, args, kwargs), made by function_call.
-FunctionCall = Tuple[Callable[..., Any], tuple, dict]
+FunctionCall = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
 
 
-def function_call(func: Callable[..., Any], args: Optional[tuple], kwargs: Optional[dict]) -> FunctionCall:
+def function_call(func: Callable[..., Any], args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]]) -> FunctionCall:
     """The function call a message carries, checked and with defaults filled in: the one
     builder for rpc_sync, rpc_async, remote and the RRef proxies."""
     if not callable(func):
@@ -111,9 +111,9 @@ def _wait_on_go(wait: Callable[[int], bool]) -> None:
 _collecting = threading.local()
 
 
-def collect_for_wait_all(fut: Future) -> None:
+def collect_for_wait_all(fut: Future[Any]) -> None:
     """Hand ``fut`` to the ``api._wait_all()`` block this thread is in, if any."""
-    collected: Optional[List[Future]] = getattr(_collecting, "futures", None)
+    collected: Optional[List[Future[Any]]] = getattr(_collecting, "futures", None)
     if collected is not None:
         collected.append(fut)
 
@@ -169,7 +169,7 @@ def install_agent(agent: Optional["TensorPipeAgent"], expected: Optional["Tensor
         _current = agent
 
 
-class _CallFuture(Future):
+class _CallFuture(Future[Any]):
     """The future of an outgoing call. It holds the Go call until the reply is turned into its
     result. A thread that waits collects the reply from Go itself; the event thread settles
     the call only once it has callbacks and no thread waits (Go's Call.Notify), so a call that
@@ -193,7 +193,7 @@ class _CallFuture(Future):
         """Hold the Go call (and the buffers it borrows) until the reply is settled."""
         self._go_call, self._table = go_call, table
 
-    def add_done_callback(self, callback: Callable[[Future], None]) -> None:
+    def add_done_callback(self, callback: Callable[[Future[Any]], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
         super().add_done_callback(callback)
         with self._settle_lock:
@@ -325,7 +325,7 @@ def _inlinable(value: Any, depth: int = 0) -> bool:
     if kind is str or kind is bytes:
         return len(value) <= _INLINE_MAX
     if kind is int:
-        return value.bit_length() <= 8 * _INLINE_MAX
+        return int.bit_length(value) <= 8 * _INLINE_MAX
     if value is None or kind is bool or kind is float or kind is complex:
         return True
     if kind is tuple:
@@ -337,7 +337,7 @@ def _creation_reply(value: Any) -> Optional[Tuple[Any]]:
     return (value,) if _inlinable(value) else None
 
 
-def _confirm_creation(created: Future) -> Optional[Tuple[Any]]:
+def _confirm_creation(created: Future[Any]) -> Optional[Tuple[Any]]:
     """The reply to a remote() of an async function: its creation's error, or as
     _creation_reply."""
     return _creation_reply(created.wait())
@@ -400,7 +400,7 @@ class RpcAgent:
 class TensorPipeAgent(RpcAgent):
     """One worker's agent: owns the Go agent and the Python threads around it."""
 
-    def __init__(self, go_agent, num_worker_threads: int, rpc_timeout: float, is_static_group: bool = True) -> None:
+    def __init__(self, go_agent: Any, num_worker_threads: int, rpc_timeout: float, is_static_group: bool = True) -> None:
         self._go_agent = go_agent
         self.rpc_timeout = rpc_timeout
         self.owner_table = OwnerTable()
@@ -500,7 +500,10 @@ class TensorPipeAgent(RpcAgent):
     def member_epoch(self, worker_id: int) -> int:
         """Identifies the worker of that id now: -1 if there is none, another value once it
         left a dynamic world and joined again (0 throughout a static world)."""
-        return 0 if self.is_static_group else self._go_agent.MemberEpoch(worker_id)
+        if self.is_static_group:
+            return 0
+        epoch: int = self._go_agent.MemberEpoch(worker_id)
+        return epoch
 
     def get_debug_info(self) -> Dict[str, str]:
         """Counters of this agent, by name, as strings (torch's keys where they mean the same)."""
@@ -517,11 +520,12 @@ class TensorPipeAgent(RpcAgent):
     @property
     def address(self) -> str:
         """The "host:port" this worker listens on for its peers (private: for tests)."""
-        return self._go_agent.Addr()
+        addr: str = self._go_agent.Addr()
+        return addr
 
     # -- outgoing calls -------------------------------------------------------------------
 
-    def rpc_async(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Future:
+    def rpc_async(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Future[Any]:
         """Run ``call`` on worker ``dest``; the future of its result."""
         return self._send(dest, (_CALL, *call), timeout)
 
@@ -530,7 +534,7 @@ class TensorPipeAgent(RpcAgent):
         this thread, not the event thread: one hand-off fewer."""
         return self._send(dest, (_CALL, *call), timeout).wait()
 
-    def remote(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Tuple[Id, Id, Future]:
+    def remote(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Tuple[Id, Id, _CallFuture]:
         """Run ``call`` on worker ``dest`` and keep the result there as an RRef. Returns the
         RRef's id, the id of this worker's fork (already registered with ``dest``), and the
         future of the creation."""
@@ -543,7 +547,7 @@ class TensorPipeAgent(RpcAgent):
             raise
         return rref_id, fork_id, creation
 
-    def remote_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> Tuple[Id, Id, Future]:
+    def remote_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float) -> Tuple[Id, Id, _CallFuture]:
         """``remote()`` of a function ``dest`` serves by name: as :meth:`remote`, but the value
         is kept by ``dest``'s Go agent, in msgpack (see crosslang)."""
         rref_id, fork_id = self.new_id(), self.new_id()
@@ -557,7 +561,7 @@ class TensorPipeAgent(RpcAgent):
             raise
         return rref_id, fork_id, creation
 
-    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float, function: Optional[str] = None) -> Future:
+    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float, function: Optional[str] = None) -> Future[Any]:
         """The future of a copy of the value of RRef ``rref_id``, from its owner; ``function``
         names the function that made it if it was made by name (kept in msgpack)."""
         if function is None:
@@ -577,7 +581,7 @@ class TensorPipeAgent(RpcAgent):
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
         return self._call(dest, _go.PyMethod, segments, _CallFuture(self, dest.name, self._timeout(timeout), prefixed))
 
-    def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> Future:
+    def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float) -> Future[Any]:
         """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack."""
         segments = crosslang.encode_call(fn, args, kwargs)
         fut = _CallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
@@ -632,11 +636,13 @@ class TensorPipeAgent(RpcAgent):
 
     def lent_messages(self) -> int:
         """Received messages whose memory Python still uses in place."""
-        return self._go_agent.Lent()
+        lent: int = self._go_agent.Lent()
+        return lent
 
     def goroutines(self) -> int:
         """Goroutines in this process."""
-        return self._go_agent.Goroutines()
+        goroutines: int = self._go_agent.Goroutines()
+        return goroutines
 
     def pending_futures(self) -> int:
         """Futures whose callbacks wait for the event thread to complete them."""
@@ -692,7 +698,7 @@ class TensorPipeAgent(RpcAgent):
             elif self._go_agent.Closed():
                 return
 
-    def _serve(self, go_request) -> None:
+    def _serve(self, go_request: Any) -> None:
         try:
             s = scratch()
             count = go_request.Take(s.table_address, s.TABLE_LEN, s.buf_address, s.BUF_LEN)
@@ -715,7 +721,7 @@ class TensorPipeAgent(RpcAgent):
         else:
             self._reply(go_request, result)
 
-    def _serve_function(self, go_request, name: str, payload: Any, buffers: List[Any]) -> None:
+    def _serve_function(self, go_request: Any, name: str, payload: Any, buffers: List[Any]) -> None:
         """Run the function exposed as ``name`` (crosslang.expose) for a caller in any language."""
         try:
             reply = crosslang.serve(name, payload, buffers)
@@ -771,7 +777,7 @@ class TensorPipeAgent(RpcAgent):
         go_segments.Release()
         return parts[0], parts[1:]
 
-    def _reply_outcome(self, go_request, fut: Future) -> None:
+    def _reply_outcome(self, go_request: Any, fut: Future[Any]) -> None:
         try:
             result = fut.wait()
         except BaseException as exc:
@@ -779,7 +785,7 @@ class TensorPipeAgent(RpcAgent):
             return
         self._reply(go_request, result)
 
-    def _reply(self, go_request, result: Any) -> None:
+    def _reply(self, go_request: Any, result: Any) -> None:
         try:
             segments, context = serialize(result)
             for owner, rref_id, fork_id in context.forks:
@@ -789,7 +795,7 @@ class TensorPipeAgent(RpcAgent):
             return
         self._send_reply(go_request, segments)
 
-    def _send_reply(self, go_request, segments: List[Any]) -> None:
+    def _send_reply(self, go_request: Any, segments: List[Any]) -> None:
         """Answer ``go_request`` with the message of ``segments``."""
         table = SegmentTable(segments)
         try:
@@ -798,34 +804,39 @@ class TensorPipeAgent(RpcAgent):
         finally:
             table.release()
 
-    def _reply_error(self, go_request, exc: BaseException) -> None:
+    def _reply_error(self, go_request: Any, exc: BaseException) -> None:
         summary = f"{type(exc).__name__}: {exception_text(exc)}"
         self._fail(go_request, summary, RemoteException.capture(exc, repr(self.info)).encode())
 
-    def _fail(self, go_request, summary: str, detail: bytes) -> None:
+    def _fail(self, go_request: Any, summary: str, detail: bytes) -> None:
         table = SegmentTable([detail])
         try:
             go_request.Fail(summary, table.address, table.count)
         finally:
             table.release()
 
-    def _run_remote(self, rref_id: Id, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def _run_remote(self, rref_id: Id, func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """Create an RRef's value; the reply (see _creation_reply, or the creation's error)
         confirms it."""
-        slot = self.owner_table.creation_slot(tuple(rref_id))
+        # tuple(): the id as the table's key, whatever sequence the peer sent (unchecked: cast)
+        slot = self.owner_table.creation_slot(cast(Id, tuple(rref_id)))
         try:
             result = run_function(func, args, kwargs)
         except BaseException as exc:
             slot._complete(None, exc)
             raise
         if isinstance(result, Deferred):
-            result.future.add_done_callback(lambda fut: slot._complete(fut._result, fut._exception))
+
+            def settle(fut: Future[Any]) -> None:
+                slot._complete(fut._result, fut._exception)
+
+            result.future.add_done_callback(settle)
             return Deferred(result.future._chain(_confirm_creation))
         slot._complete(result, None)
         return _creation_reply(result)
 
     def _fetch(self, rref_id: Id) -> Deferred:
-        return Deferred(self.owner_table.slot(tuple(rref_id)))
+        return Deferred(self.owner_table.slot(cast(Id, tuple(rref_id))))
 
     # -- shutdown -------------------------------------------------------------------------
 

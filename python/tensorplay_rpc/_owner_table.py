@@ -7,7 +7,7 @@ value is referenced nowhere any more; this table keeps the values themselves.
 from __future__ import annotations
 
 import threading
-from typing import Dict, Set, Tuple
+from typing import Any, Dict, Set, Tuple
 
 from .futures import Future
 
@@ -19,13 +19,13 @@ class OwnerTable:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: Dict[Id, Future] = {}
+        self._slots: Dict[Id, Future[Any]] = {}
         # Whose creation has begun here.
         self._created: Set[Id] = set()
         # Dropped before their creation began (the creator let go at once): not to be kept.
         self._dropped: Set[Id] = set()
 
-    def slot(self, rref_id: Id) -> Future:
+    def slot(self, rref_id: Id) -> Future[Any]:
         """The value's future, made pending if its creation has not started yet."""
         with self._lock:
             fut = self._slots.get(rref_id)
@@ -33,7 +33,7 @@ class OwnerTable:
                 fut = self._slots[rref_id] = Future()
             return fut
 
-    def creation_slot(self, rref_id: Id) -> Future:
+    def creation_slot(self, rref_id: Id) -> Future[Any]:
         """The future a creation completes (every RRef's value is made through here once); a
         throwaway one if the RRef was already dropped."""
         with self._lock:

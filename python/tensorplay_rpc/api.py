@@ -23,6 +23,24 @@ from .options import RpcBackendOptions
 from .rref import RRef, remote_function_rref, remote_rref
 from .worker_info import WorkerInfo
 
+__all__ = [
+    "AllGatherStates",
+    "DYNAMIC_WORLD",
+    "Destination",
+    "cluster_env",
+    "get_rpc_timeout",
+    "get_worker_info",
+    "init_rpc",
+    "is_available",
+    "metrics",
+    "metrics_address",
+    "remote",
+    "rpc_async",
+    "rpc_sync",
+    "shutdown",
+    "slurm_first_host",
+]
+
 logger = logging.getLogger(__name__)
 
 Destination = Union[str, int, WorkerInfo]
@@ -249,7 +267,7 @@ def _to_worker_info(to: Destination) -> WorkerInfo:
     if isinstance(to, WorkerInfo):
         return to
     if isinstance(to, (str, int)):
-        return get_worker_info(to)
+        return require_agent().get_worker_info(to)  # what get_worker_info does, for an id too
     raise ValueError(f"Cannot get WorkerInfo from name {to}")
 
 
@@ -271,11 +289,11 @@ def is_available() -> bool:
 
 def rpc_async(
     to: Destination,
-    func: Callable[..., Any],
-    args: Optional[tuple] = None,
-    kwargs: Optional[dict] = None,
+    func: Union[Callable[..., Any], RemoteFunction],
+    args: Optional[Tuple[Any, ...]] = None,
+    kwargs: Optional[Dict[str, Any]] = None,
     timeout: float = constants.UNSET_RPC_TIMEOUT,
-) -> Future:
+) -> Future[Any]:
     """Run ``func(*args, **kwargs)`` on worker ``to`` and return a :class:`Future` of its
     result at once.
 
@@ -292,9 +310,9 @@ def rpc_async(
 
 def rpc_sync(
     to: Destination,
-    func: Callable[..., Any],
-    args: Optional[tuple] = None,
-    kwargs: Optional[dict] = None,
+    func: Union[Callable[..., Any], RemoteFunction],
+    args: Optional[Tuple[Any, ...]] = None,
+    kwargs: Optional[Dict[str, Any]] = None,
     timeout: float = constants.UNSET_RPC_TIMEOUT,
 ) -> Any:
     """Run ``func(*args, **kwargs)`` on worker ``to`` and return its result.
@@ -310,11 +328,11 @@ def rpc_sync(
 
 def remote(
     to: Destination,
-    func: Callable[..., Any],
-    args: Optional[tuple] = None,
-    kwargs: Optional[dict] = None,
+    func: Union[Callable[..., Any], RemoteFunction],
+    args: Optional[Tuple[Any, ...]] = None,
+    kwargs: Optional[Dict[str, Any]] = None,
     timeout: float = constants.UNSET_RPC_TIMEOUT,
-) -> RRef:
+) -> RRef[Any]:
     """Run ``func(*args, **kwargs)`` on worker ``to`` and return at once an :class:`RRef` to
     the result, which is kept on ``to`` (its owner).
 

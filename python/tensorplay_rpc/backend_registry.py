@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import collections
 import enum
-from typing import Any, Callable
+from typing import Any, Callable, List, Optional
 
 from . import constants
 from ._agent import TensorPipeAgent, start_agent
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
+
+__all__ = [
+    "BackendType",
+    "BackendValue",
+    "backend_registered",
+    "construct_rpc_backend_options",
+    "init_backend",
+    "register_backend",
+]
 
 BackendValue = collections.namedtuple(
     "BackendValue", ["construct_rpc_backend_options_handler", "init_backend_handler"]
@@ -20,8 +29,8 @@ def _tensorpipe_construct_rpc_backend_options_handler(
     rpc_timeout: float,
     init_method: str,
     num_worker_threads: int = constants.DEFAULT_NUM_WORKER_THREADS,
-    _transports=None,
-    _channels=None,
+    _transports: Optional[List[str]] = None,
+    _channels: Optional[List[str]] = None,
     **kwargs: Any,
 ) -> TensorPipeRpcBackendOptions:
     return TensorPipeRpcBackendOptions(
@@ -79,7 +88,7 @@ def register_backend(
     member = object.__new__(BackendType)
     member._name_ = backend_name
     member._value_ = value
-    member.__objclass__ = BackendType
+    setattr(member, "__objclass__", BackendType)  # as enum sets it; typeshed's Enum lacks it
     BackendType._member_names_.append(backend_name)
     BackendType._member_map_[backend_name] = member
     BackendType._value2member_map_[value] = member
@@ -92,11 +101,14 @@ def construct_rpc_backend_options(
     rpc_timeout: float = constants.DEFAULT_RPC_TIMEOUT_SEC,
     init_method: str = constants.DEFAULT_INIT_METHOD,
     **kwargs: Any,
-):
+) -> RpcBackendOptions:
     """Build the default options object of ``backend``."""
-    return backend.value.construct_rpc_backend_options_handler(rpc_timeout, init_method, **kwargs)
+    options: RpcBackendOptions = backend.value.construct_rpc_backend_options_handler(rpc_timeout, init_method, **kwargs)
+    return options
 
 
-def init_backend(backend: BackendType, *args: Any, **kwargs: Any):
+def init_backend(backend: BackendType, *args: Any, **kwargs: Any) -> TensorPipeAgent:
     """Start ``backend``'s agent with its init handler and return it."""
-    return backend.value.init_backend_handler(*args, **kwargs)
+    # The package drives every agent through TensorPipeAgent's methods (api, rref).
+    agent: TensorPipeAgent = backend.value.init_backend_handler(*args, **kwargs)
+    return agent

@@ -1,5 +1,16 @@
 """Defaults shared by the API and the options, as torch.distributed.rpc defines them."""
 
+__all__ = [
+    "AGENT_NOT_SET",
+    "DEFAULT_INIT_METHOD",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_NUM_WORKER_THREADS",
+    "DEFAULT_RPC_TIMEOUT_SEC",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "UNSET_RPC_TIMEOUT",
+    "WAIT_SLICE_S",
+]
+
 DEFAULT_RPC_TIMEOUT_SEC: float = 60.0
 DEFAULT_INIT_METHOD: str = "env://"
 DEFAULT_NUM_WORKER_THREADS: int = 16

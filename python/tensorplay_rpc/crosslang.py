@@ -22,9 +22,30 @@ import logging
 import sys
 import threading
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union, overload
 
 import msgpack
+
+__all__ = [
+    "ARRAY_DTYPES",
+    "ARRAY_EXT",
+    "IMPORTS",
+    "RemoteFunction",
+    "check_name",
+    "encode_call",
+    "encode_remote",
+    "error_detail",
+    "error_from",
+    "expose",
+    "expose_imports",
+    "exposed_names",
+    "imports_allowed",
+    "pack",
+    "remote_function",
+    "serve",
+    "unpack",
+    "watch_exposed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +136,16 @@ def expose(name: Union[str, Callable[..., Any]], fn: Optional[Callable[..., Any]
     """
     if callable(name) and fn is None:
         return expose(name.__name__, name)
-    check_name(name, "an exposed function")
+    exposed_name = check_name(name, "an exposed function")
     if fn is None:
-        return lambda f: expose(name, f)
+        return lambda f: expose(exposed_name, f)
     if not callable(fn):
-        raise TypeError(f"expose({name!r}, ...) needs a callable, got {type(fn).__name__}")
+        raise TypeError(f"expose({exposed_name!r}, ...) needs a callable, got {type(fn).__name__}")
     with _exposed_lock:
-        _exposed[name] = fn
+        _exposed[exposed_name] = fn
         listeners = list(_on_expose)
     for listener in listeners:
-        listener(name)
+        listener(exposed_name)
     return fn
 
 
@@ -218,7 +239,7 @@ def unpack(payload: Any, buffers: Sequence[Any] = ()) -> Any:
     return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=extension)
 
 
-def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict]) -> List[Any]:
+def encode_call(fn: RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]]) -> List[Any]:
     """The segments of a call of ``fn``: its positional arguments as a msgpack array."""
     if kwargs:
         raise TypeError(
@@ -228,7 +249,7 @@ def encode_call(fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict
     return pack(list(args or ()), f"an argument of {fn!r}")
 
 
-def encode_remote(rref_id: Any, fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict]) -> List[Any]:
+def encode_remote(rref_id: Tuple[int, int], fn: RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]]) -> List[Any]:
     """The segments of ``remote()`` of ``fn``: the msgpack array [creator, local, name] of the
     RRef's id and the function, then the call's own message (core.RemoteMethod)."""
     segments = encode_call(fn, args, kwargs)
@@ -253,7 +274,7 @@ def _imported(name: str) -> Callable[..., Any]:
     module_name, _, attribute = name.partition(":")
     if not (_imports_allowed and module_name and attribute):
         raise LookupError(f"no function is exposed under {name!r} (importable functions are served only after rpc.expose_imports())")
-    fn: Any = importlib.import_module(module_name)
+    fn: object = importlib.import_module(module_name)
     for part in attribute.split("."):
         fn = getattr(fn, part)
     if not callable(fn):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Dict, Tuple, TypeVar
 
 from .futures import Future
 from .internal import FrameworkError
+
+__all__ = ["Deferred", "async_execution", "is_async_execution", "run_function"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,11 +48,11 @@ class Deferred:
 
     __slots__ = ("future",)
 
-    def __init__(self, future: Future) -> None:
+    def __init__(self, future: Future[Any]) -> None:
         self.future = future
 
 
-def run_function(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def run_function(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """Run ``fn(*args, **kwargs)`` for an incoming request: its result, or for an
     :func:`async_execution` function a :class:`Deferred` of the Future it returned."""
     result = fn(*args, **kwargs)

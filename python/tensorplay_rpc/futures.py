@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Generator, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Generator, Generic, List, NoReturn, Optional, Tuple, TypeVar
 
 from .constants import WAIT_SLICE_S
 from .internal import exception_text
+
+__all__ = ["Future", "collect_all", "wait_all"]
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -22,7 +24,7 @@ class Future(Generic[T]):
     added, on the thread that completes the future (or at once if it is already complete).
     """
 
-    def __init__(self, *, devices: Optional[list] = None) -> None:
+    def __init__(self, *, devices: Optional[List[Any]] = None) -> None:
         if devices:
             raise ValueError("tensorplay_rpc futures hold no device state: devices must be empty")
         self._cond = threading.Condition(threading.Lock())
@@ -69,7 +71,8 @@ class Future(Generic[T]):
             raise self._exception
         if self._unwrap is not None:
             self._unwrap(self._result)  # for its checks (it may raise): its result is not used
-        return self._result
+        result: T = self._result  # held as Any: a failed future holds None
+        return result
 
     def __await__(self) -> Generator[Any, None, T]:
         """``await fut`` in a coroutine: the event loop goes on while the future is pending, and
@@ -187,7 +190,7 @@ class Future(Generic[T]):
         except BaseException:
             logger.exception("a Future's done callback raised; the error is ignored")
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         # A future holds threads' waits and callbacks: it has no meaning on another worker.
         raise RuntimeError("Can not pickle tensorplay_rpc.Future")
 
@@ -202,10 +205,10 @@ def _check_callable(method: str, callback: Any) -> None:
         raise TypeError(f"{method}(): the callback must be callable, got {type(callback).__name__}")
 
 
-def collect_all(futures: List[Future]) -> Future[List[Future]]:
+def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
     """A future that completes once all of ``futures`` have: with their list, or, as torch's,
     with the error of the first of them (in list order) that failed."""
-    combined: Future[List[Future]] = Future()
+    combined: Future[List[Future[Any]]] = Future()
     combined._sources = tuple(futures)
     remaining = [len(futures)]
     lock = threading.Lock()
@@ -213,15 +216,15 @@ def collect_all(futures: List[Future]) -> Future[List[Future]]:
         combined.set_result([])
         return combined
 
-    def one_done(_: Future) -> None:
+    def one_done(_: Future[Any]) -> None:
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
         if not last:
             return
-        failed = next((f for f in futures if f._exception is not None), None)
+        failed = next((f._exception for f in futures if f._exception is not None), None)
         if failed is not None:
-            combined.set_exception(failed._exception)
+            combined.set_exception(failed)
         else:
             combined.set_result(list(futures))
 
@@ -230,7 +233,7 @@ def collect_all(futures: List[Future]) -> Future[List[Future]]:
     return combined
 
 
-def wait_all(futures: List[Future]) -> List[Any]:
+def wait_all(futures: List[Future[Any]]) -> List[Any]:
     """Wait for every future and return their values; once all are done, raises the error of
     the first (in list order) that failed."""
     collect_all(futures).wait()

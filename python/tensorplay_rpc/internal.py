@@ -13,11 +13,23 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import cloudpickle
 
-from ._buffers import KIND_BYTES, KIND_WRITABLE
+from ._buffers import KIND_BYTES, KIND_WRITABLE, BufferLike
+
+__all__ = [
+    "FrameworkError",
+    "OUT_OF_BAND_MIN",
+    "PROTOCOL",
+    "RemoteException",
+    "SendContext",
+    "current_send_context",
+    "deserialize",
+    "exception_text",
+    "serialize",
+]
 
 PROTOCOL = 5
 
@@ -44,22 +56,23 @@ def current_send_context() -> Optional[SendContext]:
     return getattr(_sending, "context", None)
 
 
-def _rebuild_bytearray(buf) -> bytearray:
+def _rebuild_bytearray(buf: BufferLike) -> bytearray:
     return buf if type(buf) is bytearray else bytearray(buf)
 
 
-def _rebuild_memoryview(buf, fmt: str, shape: tuple) -> memoryview:
+def _rebuild_memoryview(buf: BufferLike, fmt: str, shape: Tuple[int, ...]) -> memoryview:
     view = buf if type(buf) is memoryview else memoryview(buf)
     return view.cast("B").cast(fmt, shape) if shape else view.cast("B").cast(fmt)
 
 
-def _reduce_memoryview(obj: memoryview):
+def _reduce_memoryview(obj: memoryview) -> Tuple[Callable[..., memoryview], Tuple[Any, ...]]:
     if not obj.contiguous:
-        obj = memoryview(obj.tobytes()).cast(obj.format, obj.shape)
+        # `or ()` for typeshed, whose shape may be None: a non-contiguous view has one.
+        obj = memoryview(obj.tobytes()).cast(obj.format, obj.shape or ())
     return _rebuild_memoryview, (pickle.PickleBuffer(obj), obj.format, obj.shape)
 
 
-def _reduce_ndarray(obj):
+def _reduce_ndarray(obj: Any) -> Any:
     if obj.dtype.hasobject:
         return obj.__reduce_ex__(PROTOCOL)
     if obj.nbytes < OUT_OF_BAND_MIN:
@@ -69,7 +82,7 @@ def _reduce_ndarray(obj):
     return obj.__reduce_ex__(PROTOCOL)
 
 
-def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
+def _rebuild_tensor(buf: Optional[BufferLike], dtype_name: str, shape: Tuple[int, ...], requires_grad: bool) -> Any:
     # torch is optional and slow to import: only a worker that receives a tensor needs it.
     import torch
 
@@ -83,7 +96,7 @@ def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
     return tensor
 
 
-def _reduce_tensor(obj):
+def _reduce_tensor(obj: Any) -> Any:
     if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized:
         return obj.__reduce_ex__(PROTOCOL)
     data = obj.detach()
@@ -94,11 +107,11 @@ def _reduce_tensor(obj):
     return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), dtype_name, tuple(data.shape), obj.requires_grad)
 
 
-def _torch_strided():
+def _torch_strided() -> Any:
     return sys.modules["torch"].strided
 
 
-def _torch_uint8():
+def _torch_uint8() -> Any:
     return sys.modules["torch"].uint8
 
 
@@ -109,9 +122,9 @@ def _by_value(obj: Any) -> bool:
     return getattr(obj, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname
 
 
-def _reducers() -> dict:
+def _reducers() -> Dict[type, Callable[[Any], Any]]:
     """The out-of-band reducers, by type, for the libraries loaded now."""
-    table = {memoryview: _reduce_memoryview}
+    table: Dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         table[numpy.ndarray] = _reduce_ndarray
@@ -129,7 +142,7 @@ class _Pickler(pickle.Pickler):
     (contiguous or not) and torch CPU tensors. Functions and classes that cannot be imported
     on the callee go by value through cloudpickle; the rest stays on the C fast path."""
 
-    def __init__(self, file, buffer_callback) -> None:
+    def __init__(self, file: IO[bytes], buffer_callback: Callable[[pickle.PickleBuffer], object]) -> None:
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.dispatch_table = _reducers()
         self.modules = len(sys.modules)
@@ -213,7 +226,7 @@ def serialize(obj: Any) -> Tuple[List[Any], SendContext]:
     return [data, *raws, kinds], context
 
 
-def deserialize(payload, buffers) -> Any:
+def deserialize(payload: BufferLike, buffers: Iterable[BufferLike]) -> Any:
     """Unpickle what :func:`serialize` made, given the received payload and buffers."""
     return _Unpickler(io.BytesIO(payload), buffers=buffers).load()
 
@@ -275,7 +288,7 @@ class RemoteException:
         return pickle.dumps((self.type_ref, self.type_name, self.message, self.framed), protocol=PROTOCOL)
 
     @classmethod
-    def decode(cls, data) -> "RemoteException":
+    def decode(cls, data: BufferLike) -> "RemoteException":
         """Inverse of :meth:`encode`."""
         type_ref, type_name, message, framed = pickle.loads(data)
         return cls(type_ref, type_name, message, bool(framed))

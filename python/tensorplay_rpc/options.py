@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import constants
 
+__all__ = ["DEFAULT_TRANSPORTS", "DeviceType", "RpcBackendOptions", "TRANSPORTS_ENV", "TensorPipeRpcBackendOptions"]
+
 DeviceType = Union[int, str]
 
 
@@ -100,8 +102,8 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         init_method: str = constants.DEFAULT_INIT_METHOD,
         device_maps: Optional[Dict[str, Dict[DeviceType, DeviceType]]] = None,
         devices: Optional[List[DeviceType]] = None,
-        _transports: Optional[List] = None,
-        _channels: Optional[List] = None,
+        _transports: Optional[List[str]] = None,
+        _channels: Optional[List[str]] = None,
         max_message_size: int = constants.DEFAULT_MAX_MESSAGE_SIZE,
         token: Optional[str] = None,
         tls_cert: Optional[str] = None,

@@ -12,16 +12,18 @@ import functools
 import inspect
 import time
 import weakref
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Dict, Generic, Optional, Tuple, TypeVar, cast
 
 from . import constants
-from ._agent import FunctionCall, TensorPipeAgent, current_agent, current_agent_or_not_set, function_call
+from ._agent import FunctionCall, TensorPipeAgent, _CallFuture, current_agent, current_agent_or_not_set, function_call
 from ._owner_table import Id
 from .crosslang import RemoteFunction
 from .futures import Future
 from .internal import current_send_context
 from .rref_proxy import RRefProxy
 from .worker_info import WorkerInfo
+
+__all__ = ["PyRRef", "RRef", "method_factory", "new_method", "remote_function_rref", "remote_rref"]
 
 T = TypeVar("T")
 
@@ -42,7 +44,7 @@ class PyRRef:
         agent.add_fork(me, rref_id, fork_id, holder=me)
         self._bind(agent, me, rref_id, fork_id, slot, None)
 
-    def _bind(self, agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future], creation: Optional[Future], function: Optional[str] = None) -> None:
+    def _bind(self, agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, slot: Optional[Future[Any]], creation: Optional[_CallFuture], function: Optional[str] = None) -> None:
         self._made_by: Optional[Callable[..., Any]] = None  # the function remote() ran, if known
         self._type: Optional[type] = None  # the value's type, once _get_type has learnt it
         # The name of the function that made the value, if remote() called it by name
@@ -101,6 +103,7 @@ class PyRRef:
                 f"fork_id=GloballyUniqueId(created_on={fc}, local_id={fl})), can't call localValue() "
                 f"on user {self._agent.info}. Call it on owner {self.owner()}"
             )
+        assert self._slot is not None  # an owner's RRef to a Python value has one (_make_rref)
         return self._slot.wait()
 
     def to_here(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> Any:
@@ -150,18 +153,18 @@ class PyRRef:
             fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, left, self._function)
         return fetch.wait()
 
-    def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
+    def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> RRefProxy:
         """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:
         ``rref.rpc_sync().method(*args)``."""
         self._python_value("rpc_sync()")
         return RRefProxy(self, self._agent.rpc_sync, timeout)
 
-    def rpc_async(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
+    def rpc_async(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> RRefProxy:
         """Like :meth:`rpc_sync`, but each method call returns a Future."""
         self._python_value("rpc_async()")
         return RRefProxy(self, self._agent.rpc_async, timeout, blocking=False)
 
-    def remote(self, timeout: float = constants.UNSET_RPC_TIMEOUT):
+    def remote(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> RRefProxy:
         """Like :meth:`rpc_sync`, but each method call returns an RRef to its result, kept on
         the owner."""
         self._python_value("remote()")
@@ -185,28 +188,28 @@ class PyRRef:
         if self._type is not None:
             if blocking:
                 return self._type
-            known: Future = Future()
+            known: Future[type] = Future()
             known.set_result(self._type)
             return known
         asked = self._agent.rpc_async(self._owner_to_call(), function_call(_type_on_owner, (self,), None), timeout)
 
-        def learnt(fut: Future) -> type:
-            self._type = fut.value()
-            return self._type
+        def learnt(fut: Future[type]) -> type:
+            self._type = value_type = fut.value()
+            return value_type
 
         typed = asked._chain(learnt)
         return typed.wait() if blocking else typed
 
-    def _get_future(self) -> Future:
+    def _get_future(self) -> Future[None]:
         """The future of this RRef's creation by ``remote()`` (complete for other RRefs): None,
         or the creation's error."""
         if self._creation is not None:
             return self._creation._chain(_no_value)
-        done: Future = Future()
+        done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Callable[..., RRef[Any]], Tuple[int, Id, Id, Optional[str]]]:
         context = current_send_context()
         if context is None:
             raise RuntimeError("Can not pickle rref in python pickler, rref can only be pickled when using RPC")
@@ -238,11 +241,11 @@ class RRef(PyRRef, Generic[T]):
     __slots__ = ()
 
 
-def method_factory(method_name: str, docstring: Optional[str]):
+def method_factory(method_name: str, docstring: Optional[str]) -> Callable[..., Any]:
     """Return a method that forwards ``obj.<method_name>(...)`` to the implementation in
     :class:`PyRRef`, with ``docstring`` as its documentation."""
 
-    def method(self, *args: Any, **kwargs: Any) -> Any:
+    def method(self: RRef[Any], *args: Any, **kwargs: Any) -> Any:
         return getattr(super(RRef, self), method_name)(*args, **kwargs)
 
     method.__name__ = method_name
@@ -258,14 +261,14 @@ for _name, _impl in inspect.getmembers(PyRRef, inspect.isfunction):
     setattr(RRef, _name, new_method)
 
 
-def remote_function_rref(agent: TensorPipeAgent, dest: WorkerInfo, fn: RemoteFunction, args: Optional[tuple], kwargs: Optional[dict], timeout: float) -> "RRef":
+def remote_function_rref(agent: TensorPipeAgent, dest: WorkerInfo, fn: RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float) -> "RRef[Any]":
     """``remote()`` of a function ``dest`` serves by name: an RRef to its result, which
     ``dest``'s Go agent keeps (in msgpack) until the last reference to it is gone."""
     rref_id, fork_id, creation = agent.remote_function(dest, fn, args, kwargs, timeout)
     return _make_rref(agent, dest.id, rref_id, fork_id, creation, fn.name)
 
 
-def remote_rref(agent: TensorPipeAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef":
+def remote_rref(agent: TensorPipeAgent, dest: WorkerInfo, call: FunctionCall, timeout: float) -> "RRef[Any]":
     """Run ``call`` on ``dest`` and return an RRef to its result, kept there (``remote()``)."""
     rref_id, fork_id, creation = agent.remote(dest, call, timeout)
     rref = _make_rref(agent, dest.id, rref_id, fork_id, creation)
@@ -292,24 +295,24 @@ def _remember_inlined(func: Optional[Callable[..., Any]], inlined: bool) -> None
         pass
 
 
-def _type_on_owner(rref: "RRef") -> type:
+def _type_on_owner(rref: "RRef[Any]") -> type:
     """Run on the owner: the type of the RRef's value."""
     return type(rref.local_value())
 
 
-def _no_value(creation: Future) -> None:
+def _no_value(creation: Future[Any]) -> None:
     creation.value()  # raises the creation's error
 
 
-def _make_rref(agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[Future] = None, function: Optional[str] = None) -> RRef:
+def _make_rref(agent: TensorPipeAgent, owner_id: int, rref_id: Id, fork_id: Id, creation: Optional[_CallFuture] = None, function: Optional[str] = None) -> RRef[Any]:
     """An RRef object holding ``fork_id``, already registered with the owner."""
-    rref = RRef.__new__(RRef)
+    rref: RRef[Any] = RRef.__new__(RRef)
     slot = agent.owner_table.slot(rref_id) if owner_id == agent.info.id and function is None else None
     rref._bind(agent, owner_id, rref_id, fork_id, slot, creation, function)
     return rref
 
 
-def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id, function: Optional[str] = None) -> RRef:
+def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id, function: Optional[str] = None) -> RRef[Any]:
     """Unpickle an RRef: on its owner, the owner's RRef again; elsewhere, a user RRef."""
     agent = current_agent()
     if agent is None:
@@ -322,4 +325,5 @@ def _rebuild_rref(owner_id: int, rref_id: Id, fork_id: Id, function: Optional[st
             raise ValueError(f"an RRef arrived with a malformed {what} id {id_!r}")
     if function is not None and not isinstance(function, str):
         raise ValueError(f"an RRef arrived naming function {function!r}")
-    return _make_rref(agent, owner_id, tuple(rref_id), tuple(fork_id), function=function)
+    # Checked above: each id is two ints, though perhaps a list.
+    return _make_rref(agent, owner_id, cast(Id, tuple(rref_id)), cast(Id, tuple(fork_id)), function=function)

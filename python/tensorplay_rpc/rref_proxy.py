@@ -3,18 +3,20 @@ owner."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Tuple
 
 from ._agent import FunctionCall, collect_for_wait_all, function_call
 from .functions import run_function
 from .futures import Future
 from .worker_info import WorkerInfo
 
+__all__ = ["RRefProxy", "Send"]
+
 # How a proxy sends: rpc_sync, rpc_async or remote, given the owner, the call and the timeout.
 Send = Callable[[WorkerInfo, FunctionCall, float], Any]
 
 
-def _invoke_rref_method(rref: Any, method_name: str, args: tuple, kwargs: dict) -> Any:
+def _invoke_rref_method(rref: Any, method_name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """Run on the owner: call the value's method; an async_execution method replies when its
     future completes."""
     return run_function(getattr(rref.local_value(), method_name), args, kwargs)
@@ -60,20 +62,25 @@ class RRefProxy:
         return call
 
 
-def _send_once_typed(rref_type: Future, method_name: str, send: Callable[[], Future]) -> Future:
-    """The future of ``send()``, called once ``rref_type`` says the method exists."""
-    result: Future = Future()
+def _send_once_typed(rref_type: Future[Any], method_name: str, send: Callable[[], Any]) -> Future[Any]:
+    """The future of ``send()`` (an rpc_async), called once ``rref_type`` says the method
+    exists."""
+    result: Future[Any] = Future()
 
-    def typed(fut: Future) -> None:
+    def typed(fut: Future[Any]) -> None:
         try:
             getattr(fut.value(), method_name)
-            sent = send()
+            sent: Future[Any] = send()
         except BaseException as exc:
             result.set_exception(exc)
             return
         # A thread waiting on the result collects the call's reply itself (Future.wait).
         result._sources = (sent,)
-        sent.add_done_callback(lambda done: result._complete(done._result, done._exception))
+
+        def settle(done: Future[Any]) -> None:
+            result._complete(done._result, done._exception)
+
+        sent.add_done_callback(settle)
 
     rref_type.add_done_callback(typed)
     result._sources = (rref_type,)

@@ -21,7 +21,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, List, Optional, Sequence
+from typing import IO, Dict, List, Optional, Sequence
+
+__all__ = ["END_GRACE_S", "free_port", "main", "parse_args", "worker_env"]
 
 # How long workers have to end after SIGTERM (or after Ctrl-C is passed on) before SIGKILL.
 END_GRACE_S = 5.0
@@ -53,7 +55,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker_env(ns: argparse.Namespace, local_rank: int, addr: str, port: int) -> dict:
+def worker_env(ns: argparse.Namespace, local_rank: int, addr: str, port: int) -> Dict[str, str]:
     """The environment of worker ``local_rank`` of this machine."""
     env = dict(os.environ)
     env.update(
@@ -84,7 +86,7 @@ def _relay(stream: IO[bytes], out: IO[str], prefix: str) -> None:
     stream.close()
 
 
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
     """Send ``sig`` to worker ``p`` and the processes it started (its process group: each
     worker leads one), by the worker's PID."""
     try:
@@ -93,7 +95,7 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _end(procs: List[subprocess.Popen], sig: int) -> None:
+def _end(procs: List[subprocess.Popen[bytes]], sig: int) -> None:
     """Send ``sig`` to every worker still running, then SIGKILL those left after the grace."""
     for p in procs:
         if p.poll() is None:
@@ -119,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         port = free_port()
     command = [sys.executable, "-m", ns.target] if ns.module else [sys.executable, ns.target]
     command += ns.args
-    procs: List[subprocess.Popen] = []
+    procs: List[subprocess.Popen[bytes]] = []
     relays: List[threading.Thread] = []
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -142,7 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 status = 130
                 break
             codes = [p.poll() for p in procs]
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            failed = [(i, c) for i, c in enumerate(codes) if c is not None and c != 0]
             if failed:
                 rank, status = failed[0]
                 print(f"python -m tensorplay_rpc.run: worker {ns.node_rank * ns.nproc + rank} exited with status {status}; ending the others", file=sys.stderr)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Tuple, Type
+
+__all__ = ["WorkerInfo"]
 
 _NAME = re.compile(r"[A-Za-z0-9_:-]*")
 _MAX_NAME_LENGTH = 128
@@ -47,5 +50,5 @@ class WorkerInfo:
 
     __str__ = __repr__
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Type[WorkerInfo], Tuple[str, int]]:
         return (WorkerInfo, (self._name, self._id))

@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # Debian packages the build, the package and its tests need.
 APT_PACKAGES := gcc python3-dev python3-venv python3-pip python3-setuptools python3-wheel \
 	python3-pybindgen python3-cloudpickle python3-msgpack python3-numpy python3-pytest python3-pytest-timeout \
-	python3-torch iproute2 openmpi-bin mypy
+	python3-torch iproute2 openmpi-bin mypy openssl
 # The benchmark also draws a chart.
 BENCH_APT_PACKAGES := python3-matplotlib
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)

@@ -75,3 +75,13 @@ def test_a_rank_waiting_for_rank_0_at_torchs_store_says_so(world) -> None:
 def test_an_unknown_rendezvous_choice_is_refused() -> None:
     [result] = run_world("torch_store:join_alone", 1, env={"TENSORPLAY_RPC_RENDEZVOUS": "maybe"}, args=["5"], timeout=30)
     assert result.value == "ValueError: TENSORPLAY_RPC_RENDEZVOUS='maybe' is not one of auto, torch, own"
+
+
+@pytest.mark.timeout(120)
+def test_no_core_spins_after_the_store_host_dies(world) -> None:
+    w = world("torch_store:idle_after_rank_0_dies", 2)
+    results = w.finish(60)
+    assert results[0].returncode == 0, results[0].output
+    assert results[1].error is None, results[1].error
+    # Idle: well under a core-second in 1.5 s (a spinning store client takes about 1.5).
+    assert results[1].value < 0.5, results[1].value

@@ -16,6 +16,7 @@ or ``own`` (never: our store on ``MASTER_PORT``, as Go workers expect).
 import datetime
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any, Optional
@@ -60,6 +61,9 @@ class TorchMeeting:
         # Under torchrun the agent serves the store; otherwise rank 0 does, sharing it with
         # any process group of this process that is (or will be) on the same port.
         serve = rank == 0 and not _uses_agent_store()
+        self.serving = serve
+        if not serve:
+            _wait_until_listening(host, port, time.monotonic() + timeout_s)
         try:
             self.store: Any = dist.TCPStore(
                 host, port, None, serve, timeout, wait_for_workers=False, multi_tenant=True
@@ -79,6 +83,7 @@ class TorchMeeting:
         """Rank 0: tell the others where our store listens."""
         self.store.set(self.key, addr)
         logger.debug("published the rendezvous store %s at torch's store %s:%d", addr, self.host, self.port)
+        self._let_go()  # a served store stays: members of a dynamic world may still read it
 
     def read(self) -> str:
         """The others: wait for rank 0's address (in slices: Ctrl-C reaches Python between
@@ -93,10 +98,29 @@ class TorchMeeting:
                     raise RuntimeError(
                         f"rank {self.rank}: rank 0 did not publish its rendezvous store at torch's "
                         f"store {self.host}:{self.port} within {self.timeout_s:g} s (is rank 0 "
-                        f"running, and with torch imported or {RENDEZVOUS_ENV}=torch?)"
+                        f"running, with torch imported or {RENDEZVOUS_ENV}=torch? Every rank must meet the "
+                        f"same way: set {RENDEZVOUS_ENV} alike on all)"
                     ) from e
-        addr = self.store.get(self.key).decode()
+        addr: str = self.store.get(self.key).decode()
+        self._let_go()
         return f"tcp://{addr}"
+
+    def _let_go(self) -> None:
+        """Close a client of torch's store once it is of no more use: torch 1.13's client
+        keeps a thread that spins on a core once the store's server is gone."""
+        if not self.serving:
+            self.store = None
+
+
+def _wait_until_listening(host: str, port: int, deadline: float) -> None:
+    """Wait for torch's store to listen: a torch 1.13 client that finds no server yet retries
+    only after a second, which would add that second to most joins."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.01)
 
 
 def meeting_for(store_url: str, rank: int, timeout_s: float) -> Optional[TorchMeeting]:

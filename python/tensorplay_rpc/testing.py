@@ -22,6 +22,7 @@ environment for the workers) and ``options`` (keyword arguments of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -36,6 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 
 from . import api
+from ._torch_store import RENDEZVOUS_ENV
 from .options import TensorPipeRpcBackendOptions
 
 __all__ = ["World", "WorldHung", "free_port", "rpc_world"]
@@ -70,6 +72,20 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in [{lowest}, {first}) after 200 tries")
 
 
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """Set an environment variable of this process for the block, then put it back."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 class WorldHung(AssertionError):
     """A world's call ran out of its deadline, or a worker died: the world was killed, and
     the message holds each worker's log tail."""
@@ -92,6 +108,10 @@ class World:
         worker_env = dict(os.environ)
         # By reference, as torch sends them: the workers import what the test process can.
         worker_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        # Every member meets the same way: the test process may have imported torch (which
+        # would make it meet at torch's store) while its workers have not.
+        rendezvous = env.get(RENDEZVOUS_ENV) or os.environ.get(RENDEZVOUS_ENV) or "own"
+        worker_env[RENDEZVOUS_ENV] = rendezvous
         worker_env.update(env)
         worker_env.update(PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(workers + 1))
         for rank, name in enumerate(self.names, start=1):
@@ -108,7 +128,8 @@ class World:
         opts = TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", **options)
         opts.rpc_timeout = self.timeout
         try:
-            api.init_rpc("w0", rank=0, world_size=workers + 1, rpc_backend_options=opts)
+            with _environ(RENDEZVOUS_ENV, rendezvous):
+                api.init_rpc("w0", rank=0, world_size=workers + 1, rpc_backend_options=opts)
         except Exception as e:
             self._kill(f"the world did not start: {e}")
             raise WorldHung(self._report()) from e

@@ -94,3 +94,29 @@ def join_alone(rank, world_size, rpc_timeout):
         return f"{type(e).__name__}: {e}"
     tensorplay_rpc.shutdown()
     return None
+
+
+def idle_after_rank_0_dies(rank, world_size):
+    """Rank 0 exits at once after the join; the others wait until a call to it fails, then
+    report the CPU seconds their process used in 1.5 s of idleness (torch 1.13's store client,
+    if kept, spins on a core once the store's server is gone)."""
+    import time
+
+    import torch  # noqa: F401 - a program that uses torch: the world meets at torch's store
+
+    tensorplay_rpc.init_rpc(f"w{rank}", rank=rank, world_size=world_size)
+    if rank == 0:
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            tensorplay_rpc.rpc_sync("w0", max, args=(1, 2), timeout=5)
+        except RuntimeError:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)  # torch's client thread notices the closed server
+    before = time.process_time()
+    time.sleep(1.5)
+    used = time.process_time() - before
+    tensorplay_rpc.shutdown(graceful=False)
+    return used

@@ -1,5 +1,6 @@
 """Scenarios where Ctrl-C (SIGINT) reaches a worker blocked in the API."""
 
+import signal
 import time
 
 import tensorplay_rpc as rpc
@@ -10,6 +11,9 @@ from .common import init, slow
 def blocked(rank, world_size, what, ready_file, report_file):
     """worker0 blocks in `what` and records when KeyboardInterrupt reached it; worker1 only
     serves (the test ends it)."""
+    # As in a terminal: Python leaves SIGINT ignored when it started ignored, as it does under
+    # a suite run in the background (nohup ... &), and Ctrl-C would then never arrive.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if rank == 1:
         if what != "init":
             init(rank, world_size)

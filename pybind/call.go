@@ -107,9 +107,9 @@ func (c *Call) ErrorMessage() string {
 	case err == nil:
 		return ""
 	case errors.As(err, &re):
-		return re.Message
+		return forPython(re.Message)
 	default:
-		return err.Error()
+		return forPython(err.Error())
 	}
 }
 

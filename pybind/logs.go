@@ -15,6 +15,11 @@ import (
 // when an EventLogs says there is something, and Python logs each record under
 // "tensorplay_rpc.core".
 
+// LogRecordSeparator separates the records TakeLogs returns. Not NUL: gopy hands a Go string
+// to Python as a C string, which ends at its first NUL, so every record after the first of a
+// batch was lost (seen as missing warnings when the event thread fell behind under load).
+const LogRecordSeparator = "\x1e"
+
 // maxBufferedLogs bounds the records kept while no Python thread takes them.
 const maxBufferedLogs = 1024
 
@@ -47,6 +52,19 @@ func (b *logBuffer) add(record string) {
 	}
 }
 
+// recordEscaper writes the separator and NUL (see forPython) as visible escapes where a record
+// holds them (a peer's name, a remote error's text).
+var recordEscaper = strings.NewReplacer(LogRecordSeparator, `\x1e`, "\x00", `\x00`)
+
+// forPython escapes NUL in a string a peer may have chosen: gopy hands strings to Python as C
+// strings, so "py\x00anything" would arrive as "py" and the rest of an error's text be lost.
+func forPython(s string) string {
+	if !strings.Contains(s, "\x00") {
+		return s
+	}
+	return strings.ReplaceAll(s, "\x00", `\x00`)
+}
+
 // pythonLogHandler is the slog.Handler of the buffer.
 type pythonLogHandler struct{ attrs []slog.Attr }
 
@@ -62,8 +80,7 @@ func (h pythonLogHandler) Handle(_ context.Context, r slog.Record) error {
 		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
 		return true
 	})
-	// NUL separates records (TakeLogs): one inside a record, from a peer's name, is escaped.
-	logs.add(strings.ReplaceAll(b.String(), "\x00", `\x00`))
+	logs.add(recordEscaper.Replace(b.String()))
 	return nil
 }
 
@@ -90,7 +107,7 @@ func SetLogLevel(pythonLevel int) {
 }
 
 // TakeLogs returns the records logged since the last call, each "level<TAB>text" with slog's
-// level (-4 debug, 0 info, 4 warning, 8 error), separated by NUL bytes; "" if none. Records
+// level (-4 debug, 0 info, 4 warning, 8 error), separated by LogRecordSeparator; "" if none. Records
 // dropped while the buffer was full are counted in one more record.
 func TakeLogs() string {
 	logs.mu.Lock()
@@ -100,5 +117,5 @@ func TakeLogs() string {
 	if dropped > 0 {
 		records = append([]string{fmt.Sprintf("%d\t%d log records were dropped: no Python thread took them", int(slog.LevelWarn), dropped)}, records...)
 	}
-	return strings.Join(records, "\x00")
+	return strings.Join(records, LogRecordSeparator)
 }

@@ -47,7 +47,7 @@ func (r *Request) Take(sizes uintptr, tableLen int, buf uintptr, bufLen int) int
 }
 
 // Method is the method called: PyMethod, or the name of a function Python exposes.
-func (r *Request) Method() string { return r.call.Method }
+func (r *Request) Method() string { return forPython(r.call.Method) }
 
 // Expose has Python serve calls of method name (a function rpc.expose made callable from
 // other languages), queued with the Python-level ones.

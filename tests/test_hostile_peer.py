@@ -184,7 +184,7 @@ def test_hostile_peer_cannot_crash_starve_or_impersonate(world, tmp_path, hostil
     wrong = {n: outcomes[n] for n, want in SHM_ATTACKS.items() if n in outcomes and outcomes[n][0] != want}
     assert not wrong, f"shared-memory attacks with the wrong outcome (want {SHM_ATTACKS}): {wrong}\n{output}"
     rank0_log = results[0].output
-    assert "release-other-holder" not in outcomes or "refused RRef operations" in rank0_log, "forged RRef releases were not refused\n" + rank0_log[-4000:]
+    assert "release-other-holder" not in outcomes or "refused RRef operations" in rank0_log, "forged RRef releases were not refused\n" + output + rank0_log[-4000:]
     assert "recovered from a panic" not in rank0_log, "an attack made the agent panic:\n" + rank0_log[-8000:]
 
 

@@ -57,7 +57,7 @@ def forward_go_logs() -> None:
     records = _go.TakeLogs()
     if not records:
         return
-    for record in records.split("\x00"):
+    for record in records.split(_go.LogRecordSeparator):
         level, _, text = record.partition("\t")
         go_logger.log(_GO_LEVELS.get(int(level) if level.lstrip("-").isdigit() else 4, logging.WARNING), "%s", text)
 

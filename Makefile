@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # Debian packages the build, the package and its tests need.
 APT_PACKAGES := gcc python3-dev python3-venv python3-pip python3-setuptools python3-wheel \
 	python3-pybindgen python3-cloudpickle python3-msgpack python3-numpy python3-pytest python3-pytest-timeout \
-	python3-torch iproute2 openmpi-bin mypy openssl
+	python3-torch python3-build iproute2 openmpi-bin mypy openssl
 # The benchmark also draws a chart.
 BENCH_APT_PACKAGES := python3-matplotlib
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
@@ -44,23 +44,11 @@ apt-install:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# gopy v0.4.10 built from the pinned tools module (its own x/tools pin does not compile
-# with current Go, and `go install gopy@v0.4.10` is refused by the proxy).
-bin/gopy: tools/go.mod tools/go.sum tools/tools.go
-	@mkdir -p bin
-	cd tools && go build -o ../bin/gopy github.com/go-python/gopy
-
-bin/goimports: tools/go.mod tools/go.sum
-	@mkdir -p bin
-	cd tools && go build -o ../bin/goimports golang.org/x/tools/cmd/goimports
-
-# The CPython extension, rebuilt only when Go sources change.
-$(NATIVE_STAMP): $(GO_SOURCES) bin/gopy bin/goimports | deps
-	@echo "building the Go extension with gopy"
-	@rm -rf $(NATIVE_DIR)
-	@PATH="$(CURDIR)/bin:$$PATH" CGO_LDFLAGS_ALLOW=-fwrapv bin/gopy build -vm=$(PYTHON_SYSTEM) \
-		-dynamic-link=true -no-make=true -output=$(NATIVE_DIR) ./pybind > build-native.log 2>&1 \
-		|| { cat build-native.log; exit 1; }
+# The CPython extension, built by setup.py as pip builds it (gopy v0.4.10 and goimports from
+# the pinned tools module; see setup.py), for Debian's Python; setup.py rebuilds it only when
+# the Go sources change.
+$(NATIVE_STAMP): $(GO_SOURCES) setup.py tools/go.mod tools/go.sum tools/tools.go | deps
+	@$(PYTHON_SYSTEM) setup.py -q build_native
 	@touch $@
 
 native: deps $(NATIVE_STAMP)
@@ -129,4 +117,4 @@ bench: install bench-deps
 	cd bench && ../$(PY) bench.py $(BENCH_ARGS)
 
 clean:
-	rm -rf bin $(NATIVE_DIR) $(VENV) build dist python/*.egg-info build-native.log bench/out
+	rm -rf bin $(NATIVE_DIR) $(VENV) build dist gomodules python/*.egg-info build-native.log bench/out

@@ -172,6 +172,9 @@ func TestBigMessagesWaitForTheReceiveBudget(t *testing.T) {
 	const budget, size = 10 << 20, 8 << 20
 	cfgs[3].ReceiveBudget = budget
 	c := coretest.Start(t, cfgs)
+	// This test is about memory: a sender starved of CPU for a while (2 cores, -race binaries
+	// side by side) must make it wait, not have its stream evicted as stalled.
+	c.Agents[3].SetReceiveIdleLimit(time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// Streams are dialed before the storm: this test is about memory, and a dial that a

@@ -83,28 +83,66 @@ def _reduce_ndarray(obj: Any) -> Any:
 
 
 def _rebuild_tensor(buf: Optional[BufferLike], dtype_name: str, shape: Tuple[int, ...], requires_grad: bool) -> Any:
+    """An empty tensor (what carries no bytes)."""
     # torch is optional and slow to import: only a worker that receives a tensor needs it.
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    if buf is None:
-        tensor = torch.empty(shape, dtype=dtype)
-    else:
-        tensor = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
     if requires_grad:
         tensor.requires_grad_()
     return tensor
 
 
-def _reduce_tensor(obj: Any) -> Any:
-    if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized:
-        return obj.__reduce_ex__(PROTOCOL)
-    data = obj.detach()
-    dtype_name = str(data.dtype).rsplit(".", 1)[-1]
-    if data.numel() == 0:
-        return _rebuild_tensor, (None, dtype_name, tuple(data.shape), obj.requires_grad)
-    flat = data.contiguous().reshape(-1).view(_torch_uint8())
-    return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), dtype_name, tuple(data.shape), obj.requires_grad)
+class _TensorBytes:
+    """The bytes one or more tensors of a message view (see _Pickler.reduce_tensor). Pickled
+    once per message however many tensors use it (the pickle's memo), so views that share
+    storage on the sender share it on the receiver."""
+
+    __slots__ = ("data", "start", "end")
+
+    def __init__(self, data: Any, start: int, end: int) -> None:
+        self.data = data  # a 1-D uint8 tensor over the bytes [start, end) of a storage
+        self.start = start
+        self.end = end
+
+    def holds(self, start: int, end: int, item: int) -> bool:
+        """Whether a tensor of item-byte elements spanning [start, end) can be a view of these
+        bytes: within them, at a whole number of its elements."""
+        return self.start <= start and end <= self.end and (start - self.start) % item == 0 and (self.end - self.start) % item == 0
+
+    def __reduce__(self) -> Tuple[Callable[..., Any], Tuple[Any, ...]]:
+        return _rebuild_tensor_bytes, (pickle.PickleBuffer(self.data.numpy()),)
+
+
+def _rebuild_tensor_bytes(buf: BufferLike) -> Any:
+    import torch
+
+    return torch.frombuffer(buf, dtype=torch.uint8)
+
+
+def _rebuild_tensor_view(base: Any, dtype_name: str, offset: int, shape: Tuple[int, ...], stride: Tuple[int, ...], requires_grad: bool) -> Any:
+    import torch
+
+    tensor = base.view(getattr(torch, dtype_name)).as_strided(shape, stride, offset)
+    if requires_grad:
+        tensor.requires_grad_()
+    return tensor
+
+
+def _reduce_layout(layout: Any) -> Tuple[Callable[..., Any], Tuple[str]]:
+    return _torch_attribute, (str(layout).rsplit(".", 1)[-1],)
+
+
+def _torch_attribute(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _storage_address(tensor: Any) -> int:
+    """Where the storage of tensor starts (untyped_storage from torch 2, storage before)."""
+    storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+    return int(storage.data_ptr())
 
 
 def _torch_strided() -> Any:
@@ -122,7 +160,7 @@ def _by_value(obj: Any) -> bool:
     return getattr(obj, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname
 
 
-def _reducers() -> Dict[type, Callable[[Any], Any]]:
+def _reducers(pickler: "_Pickler") -> Dict[type, Callable[[Any], Any]]:
     """The out-of-band reducers, by type, for the libraries loaded now."""
     table: Dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview}
     numpy = sys.modules.get("numpy")
@@ -130,7 +168,9 @@ def _reducers() -> Dict[type, Callable[[Any], Any]]:
         table[numpy.ndarray] = _reduce_ndarray
     torch = sys.modules.get("torch")
     if torch is not None:
-        table[torch.Tensor] = _reduce_tensor
+        table[torch.Tensor] = pickler.reduce_tensor
+        # torch's own reduction of a sparse tensor holds its layout, which pickle cannot save.
+        table[type(torch.strided)] = _reduce_layout
     return table
 
 
@@ -144,8 +184,34 @@ class _Pickler(pickle.Pickler):
 
     def __init__(self, file: IO[bytes], buffer_callback: Callable[[pickle.PickleBuffer], object]) -> None:
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
-        self.dispatch_table = _reducers()
+        self.dispatch_table = _reducers(self)
         self.modules = len(sys.modules)
+        # The bytes sent so far for this message's tensors, by storage address.
+        self.tensor_bytes: Dict[int, _TensorBytes] = {}
+
+    def reduce_tensor(self, obj: Any) -> Any:
+        """A CPU tensor goes as the bytes its elements span, out of band, and its shape,
+        strides and offset into them. The bytes of a view within a tensor sent earlier in the
+        same message are not sent again: on arrival the two share storage, as on the sender.
+        (torch's agent sends a view's whole storage; this sends what the view spans.)"""
+        if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized:
+            return obj.__reduce_ex__(PROTOCOL)
+        data = obj.detach()
+        dtype_name = str(data.dtype).rsplit(".", 1)[-1]
+        if data.numel() == 0:
+            return _rebuild_tensor, (None, dtype_name, tuple(data.shape), obj.requires_grad)
+        item = data.element_size()
+        # The elements the view spans: from its offset to its last element (strides >= 0).
+        last = data.storage_offset() + sum((n - 1) * st for n, st in zip(data.shape, data.stride()))
+        start, end = data.storage_offset() * item, (last + 1) * item
+        address = _storage_address(data)
+        sent = self.tensor_bytes.get(address)
+        if sent is None or not sent.holds(start, end, item):
+            span = data.as_strided((last + 1 - data.storage_offset(),), (1,), data.storage_offset())
+            sent = _TensorBytes(span.view(_torch_uint8()), start, end)
+            self.tensor_bytes.setdefault(address, sent)
+        offset = (start - sent.start) // item
+        return _rebuild_tensor_view, (sent, dtype_name, offset, tuple(data.shape), tuple(data.stride()), obj.requires_grad)
 
     def persistent_id(self, obj: Any) -> Any:
         # bytes and bytearray never reach the dispatch table (the pickler saves them itself);
@@ -197,6 +263,7 @@ def _dump(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
         out.file.seek(0)
         out.file.truncate()
         out.pickler.clear_memo()
+        out.pickler.tensor_bytes.clear()
         out.buffers.clear()
 
 

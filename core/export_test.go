@@ -1,0 +1,13 @@
+package core
+
+import "time"
+
+// SetReceiveIdleLimit changes how long a stream holding receive budget may stall before it is
+// evicted (idleReservationLimit), for tests about memory rather than eviction: on a loaded
+// 2-core machine running -race binaries side by side, an honest sender can go 2 s without
+// being scheduled.
+func (a *Agent) SetReceiveIdleLimit(d time.Duration) {
+	a.receiveBudget.mu.Lock()
+	defer a.receiveBudget.mu.Unlock()
+	a.receiveBudget.idleLimit = d
+}

@@ -58,11 +58,12 @@ func TestBigMessagesTravelInChunks(t *testing.T) {
 	})
 }
 
-// slowChunks makes each chunk take a millisecond to send, so a big transfer lasts long enough
-// to watch small calls pass it.
+// slowChunks makes each chunk take 4 ms to send, so a big transfer lasts long enough to watch
+// small calls pass it even when -race binaries beside this one starve it of CPU (at 1 ms a
+// chunk, 20 small calls sometimes took longer than the whole second the transfer lasted).
 func slowChunks(f *wire.Frame) error {
 	if f.Kind == wire.FrameChunk {
-		time.Sleep(time.Millisecond)
+		time.Sleep(4 * time.Millisecond)
 	}
 	return nil
 }
@@ -75,7 +76,7 @@ func TestSmallCallsOvertakeABigTransfer(t *testing.T) {
 		cfgs[i].Transport = coretest.SendHooked(cfgs[i].Transport, slowChunks)
 	}
 	c := coretest.Start(t, cfgs)
-	// 1024 chunks at a millisecond each: the transfer lasts at least a second.
+	// 1024 chunks at 4 ms each: the transfer lasts at least 4 s.
 	big := c.Agents[0].CallAsync(context.Background(), "w1", "sink", core.Message{Payload: make([]byte, 64<<20)})
 	for i := 0; i < 20; i++ {
 		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{Payload: []byte("small")}); err != nil {

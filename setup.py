@@ -4,14 +4,16 @@ A package build never changes the system: it checks for the tools it needs (Go, 
 this interpreter's headers, pybindgen) and stops at once, naming what is missing, before any
 work. `make native` (the development build) runs the same step: `python setup.py build_native`.
 
-The Go modules come from `gomodules/` when present: a module proxy directory that an sdist
-carries (made by this file's sdist command), so a build from an sdist needs no network. (Not
+A build from an sdist takes the Go modules from its `gomodules/`, a module proxy directory made
+by this file's sdist command, so it needs no network; a build from a checkout uses Go's own
+module cache and proxy. (Not
 `go mod vendor`: gopy builds with -mod=mod, which ignores a vendor directory.)
 """
 
 import hashlib
 import importlib.util
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -50,7 +52,7 @@ def missing_build_tools() -> list:
     """What the build of the extension needs and cannot find, each with how to get it."""
     missing = []
     if not find_go():
-        missing.append("Go 1.26 or newer (the `go` command): https://go.dev/dl, or Debian's golang-go")
+        missing.append("Go 1.26 or newer (the `go` command): https://go.dev/dl (Debian 12's golang-go is too old)")
     cc = os.environ.get("CC", "gcc").split()[0]
     if not shutil.which(cc):
         missing.append(f"a C compiler ({cc}): Debian's gcc")
@@ -79,15 +81,16 @@ def go_env() -> dict:
     nothing from the network, not even a newer Go), and cgo's -fwrapv, which the generated
     bindings need."""
     env = dict(os.environ, CGO_LDFLAGS_ALLOW="-fwrapv", PATH=TOOLS_BIN + os.pathsep + os.path.dirname(find_go()) + os.pathsep + os.environ.get("PATH", ""))
-    if os.path.isdir(GO_MODULES):
-        env.update(GOPROXY="file://" + GO_MODULES, GOSUMDB="off", GOTOOLCHAIN="local")
+    if os.path.isdir(GO_MODULES) and os.path.exists(os.path.join(ROOT, "PKG-INFO")):  # an sdist
+        env.update(GOPROXY=pathlib.Path(GO_MODULES).as_uri(), GOSUMDB="off", GOTOOLCHAIN="local", GONOPROXY="", GOPRIVATE="", GOFLAGS="-mod=mod", CGO_ENABLED="1")
     return env
 
 
 def native_inputs_digest() -> str:
     """A digest of what the extension is built from and for: rebuilt when any of it changes."""
-    digest = hashlib.sha256(sys.executable.encode())
-    files = [os.path.join(ROOT, name) for name in ("go.mod", "go.sum")]
+    # The interpreter's real file and its extension suffix: a venv's python is Debian's.
+    digest = hashlib.sha256(f"{os.path.realpath(sys.executable)} {sysconfig.get_config_var('EXT_SUFFIX')}".encode())
+    files = [os.path.join(ROOT, name) for name in ("go.mod", "go.sum", "setup.py", "tools/go.mod", "tools/go.sum", "tools/tools.go")]
     for top in ("core", "pybind"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
             dirnames.sort()
@@ -161,14 +164,15 @@ class SdistWithGoModules(sdist):
         go = find_go()
         if not go:
             raise BuildToolMissing("tensorplay-rpc: making the sdist bundles the Go modules, and needs Go: https://go.dev/dl")
-        if not os.path.isdir(GO_MODULES):
-            with tempfile.TemporaryDirectory() as cache:
-                env = dict(os.environ, GOMODCACHE=cache, GOFLAGS="-mod=mod")
-                for module_dir in (ROOT, TOOLS_DIR):
-                    subprocess.run([go, "mod", "download"], cwd=module_dir, env=env, check=True)
-                # The cache's download tree is the layout a file:// GOPROXY serves.
-                shutil.copytree(os.path.join(cache, "cache", "download"), GO_MODULES, ignore=shutil.ignore_patterns("*.lock", "sumdb"))
-                subprocess.run(["chmod", "-R", "u+w", cache], check=False)  # Go makes its cache read-only
+        # Made afresh for every sdist: the modules must be those go.mod names now.
+        shutil.rmtree(GO_MODULES, ignore_errors=True)
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, GOMODCACHE=cache, GOFLAGS="-mod=mod")
+            for module_dir in (ROOT, TOOLS_DIR):
+                subprocess.run([go, "mod", "download"], cwd=module_dir, env=env, check=True)
+            # The cache's download tree is the layout a file:// GOPROXY serves.
+            shutil.copytree(os.path.join(cache, "cache", "download"), GO_MODULES, ignore=shutil.ignore_patterns("*.lock", "sumdb"))
+            subprocess.run(["chmod", "-R", "u+w", cache], check=False)  # Go makes its cache read-only
         super().run()
 
 

@@ -56,13 +56,14 @@ func (b *logBuffer) add(record string) {
 // holds them (a peer's name, a remote error's text).
 var recordEscaper = strings.NewReplacer(LogRecordSeparator, `\x1e`, "\x00", `\x00`)
 
-// forPython escapes NUL in a string a peer may have chosen: gopy hands strings to Python as C
-// strings, so "py\x00anything" would arrive as "py" and the rest of an error's text be lost.
+// forPython readies a string a peer may have chosen for gopy, which hands strings to Python as
+// C strings decoded as strict UTF-8: NUL is escaped ("py\x00anything" would arrive as "py") and
+// invalid UTF-8 replaced (it would raise in Python and lose a whole batch of log records).
 func forPython(s string) string {
-	if !strings.Contains(s, "\x00") {
-		return s
+	if strings.Contains(s, "\x00") {
+		s = strings.ReplaceAll(s, "\x00", `\x00`)
 	}
-	return strings.ReplaceAll(s, "\x00", `\x00`)
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // pythonLogHandler is the slog.Handler of the buffer.
@@ -80,7 +81,7 @@ func (h pythonLogHandler) Handle(_ context.Context, r slog.Record) error {
 		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
 		return true
 	})
-	logs.add(recordEscaper.Replace(b.String()))
+	logs.add(forPython(recordEscaper.Replace(b.String())))
 	return nil
 }
 

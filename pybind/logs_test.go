@@ -15,6 +15,7 @@ func TestTakeLogsReturnsEveryRecordOfABatch(t *testing.T) {
 		{"a NUL from a peer's name", "peer a\x00b", `peer a\x00b`},
 		{"the separator itself", "x" + LogRecordSeparator + "y", `x\x1ey`},
 		{"lines of a stack", "panic\ngoroutine 1", "panic\ngoroutine 1"},
+		{"invalid UTF-8 from a peer", "name \xff\xfe", "name \uFFFD"},
 	}
 	for _, c := range cases {
 		slog.Warn(c.msg)
@@ -35,7 +36,7 @@ func TestTakeLogsReturnsEveryRecordOfABatch(t *testing.T) {
 }
 
 func TestForPythonEscapesNUL(t *testing.T) {
-	for in, want := range map[string]string{"py": "py", "py\x00evil": `py\x00evil`, "": ""} {
+	for in, want := range map[string]string{"py": "py", "py\x00evil": `py\x00evil`, "": "", "bad\xffname": "bad\uFFFDname"} {
 		if got := forPython(in); got != want {
 			t.Errorf("forPython(%q) = %q, want %q", in, got, want)
 		}

@@ -54,10 +54,10 @@ def run(cmd: List[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
     return done
 
 
-@pytest.fixture(scope="module")
-def clean_copy(tmp_path_factory) -> str:
+@pytest.fixture
+def clean_copy(tmp_path) -> str:
     """The tracked files, copied as a fresh clone has them (no _native, no venv, no bin)."""
-    dest = str(tmp_path_factory.mktemp("src") / "tensorplay-rpc")
+    dest = str(tmp_path / "src" / "tensorplay-rpc")
     files = run(["git", "-C", ROOT, "ls-files", "-z"], 30).stdout.split("\0")
     for rel in filter(None, files):
         src = os.path.join(ROOT, rel)

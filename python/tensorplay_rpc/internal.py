@@ -187,16 +187,20 @@ class _Pickler(pickle.Pickler):
         self.dispatch_table = _reducers(self)
         self.modules = len(sys.modules)
         # The bytes sent so far for this message's tensors, by storage address.
-        self.tensor_bytes: Dict[int, _TensorBytes] = {}
+        self.tensor_bytes: Dict[int, List[_TensorBytes]] = {}
 
     def reduce_tensor(self, obj: Any) -> Any:
         """A CPU tensor goes as the bytes its elements span, out of band, and its shape,
-        strides and offset into them. The bytes of a view within a tensor sent earlier in the
-        same message are not sent again: on arrival the two share storage, as on the sender.
-        (torch's agent sends a view's whole storage; this sends what the view spans.)"""
-        if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized:
+        strides and offset into them. The bytes of a view that lies within a tensor sent earlier
+        in the same message are not sent again: on arrival the two share storage, as on the
+        sender. (torch's agent sends a view's whole storage, so its views always share; this
+        sends what each view spans, and a view sent before the tensor it lies in, or
+        overlapping one partly, arrives with bytes of its own.)"""
+        if obj.device.type != "cpu" or obj.layout is not _torch_strided() or obj.is_quantized or getattr(obj, "is_nested", False):
             return obj.__reduce_ex__(PROTOCOL)
         data = obj.detach()
+        if data.is_conj() or data.is_neg():  # lazy conjugation or negation: its bytes are not its values
+            data = data.resolve_conj().resolve_neg()
         dtype_name = str(data.dtype).rsplit(".", 1)[-1]
         if data.numel() == 0:
             return _rebuild_tensor, (None, dtype_name, tuple(data.shape), obj.requires_grad)
@@ -205,11 +209,12 @@ class _Pickler(pickle.Pickler):
         last = data.storage_offset() + sum((n - 1) * st for n, st in zip(data.shape, data.stride()))
         start, end = data.storage_offset() * item, (last + 1) * item
         address = _storage_address(data)
-        sent = self.tensor_bytes.get(address)
-        if sent is None or not sent.holds(start, end, item):
+        spans = self.tensor_bytes.setdefault(address, [])
+        sent = next((b for b in spans if b.holds(start, end, item)), None)
+        if sent is None:
             span = data.as_strided((last + 1 - data.storage_offset(),), (1,), data.storage_offset())
             sent = _TensorBytes(span.view(_torch_uint8()), start, end)
-            self.tensor_bytes.setdefault(address, sent)
+            spans.append(sent)
         offset = (start - sent.start) // item
         return _rebuild_tensor_view, (sent, dtype_name, offset, tuple(data.shape), tuple(data.stride()), obj.requires_grad)
 

@@ -71,7 +71,7 @@ def test_worker_thread_pool_and_free_gil():
     out = run_world("basic:thread_pool", 2)[0].value
     assert out["max_concurrency"] == 3
     assert len(out["threads"]) == 3
-    assert out["spins_while_waiting"] > 1000
+    assert out["spinner_ran_during_the_call"], "a thread could not run while rpc_sync waited: the caller kept the GIL"
 
 
 def test_callbacks_run_without_a_waiter():

@@ -52,7 +52,10 @@ def test_numpy_round_trips():
 
 def test_bytes_like_round_trips():
     out = run_world("payloads:bytes_like_round_trips", 2)[0].value
-    assert all(out.values()), [k for k, v in out.items() if not v]
+    kinds = ("bytes-empty", "bytes-small", "bytes-1k", "bytes-big", "bytearray-empty", "bytearray-small", "bytearray-big",
+             "memoryview-bytes", "memoryview-2d", "memoryview-strided", "mixed")
+    assert sorted(out) == sorted(kinds), f"cases reported: {sorted(out)}"
+    assert [k for k in kinds if out[k] is not True] == [], "these came back different"
 
 
 def test_self_calls_copy_big_arguments():
@@ -68,7 +71,10 @@ def test_self_calls_copy_big_arguments():
 
 def test_torch_round_trips():
     out = run_world("payloads:torch_round_trips", 2)[0].value
-    assert all(out.values()), [k for k, v in out.items() if not v]
+    dtypes = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool", "complex64")
+    cases = [f"dtype-{d}" for d in dtypes] + ["zero-d", "empty", "transposed", "sliced", "big", "requires_grad", "writable"]
+    assert sorted(out) == sorted(cases), f"cases reported: {sorted(out)}"
+    assert [k for k in cases if out[k] is not True] == [], "these came back different"
 
 
 @pytest.mark.timeout(360)

@@ -101,19 +101,34 @@ def thread_pool(rank, world_size):
         out["threads"] = sorted({f.wait() for f in futs})
         out["max_concurrency"] = rpc.rpc_sync("worker1", max_concurrency)
 
-        spins = [0]
-        stop = threading.Event()
+        # Python switches threads only when one blocks: a thread can then run during the
+        # call only if the caller left the GIL while it waited. (With the default 5 ms switch
+        # interval a spinner runs even beside a thread that holds the GIL.)
+        go = threading.Event()
+        spun = []  # (when the spinner began, spins) once it has spun
 
         def spin():
-            while not stop.is_set():
-                spins[0] += 1
+            go.wait()
+            began = time.monotonic()
+            spins = 0
+            while time.monotonic() - began < 0.3:
+                spins += 1
+            spun.append((began, spins))
 
         t = threading.Thread(target=spin)
         t.start()
-        rpc.rpc_sync("worker1", slow, args=(1.0,))
-        stop.set()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(60.0)
+        try:
+            go.set()
+            called = time.monotonic()
+            rpc.rpc_sync("worker1", slow, args=(1.0,))
+            returned = time.monotonic()
+        finally:
+            sys.setswitchinterval(interval)
         t.join()
-        out["spins_while_waiting"] = spins[0]
+        began, spins = spun[0]
+        out["spinner_ran_during_the_call"] = called <= began < returned and spins > 1000
     rpc.shutdown()
     return out
 

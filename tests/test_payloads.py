@@ -47,6 +47,7 @@ def test_numpy_round_trips():
         same, writable_back, writable_there = out[name]
         assert same, name
         assert writable_back and writable_there, f"{name} arrived read-only"
+    assert out["lent_while_held"] >= 1, "a received 8 MiB array was not lent in place"
     assert out["lent_after"] == 0 and out["lent_here"] == 0, "lent memory was not handed back"
 
 

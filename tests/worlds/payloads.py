@@ -73,6 +73,12 @@ def numpy_round_trips(rank, world_size):
                 and (np.array_equal(back, arr) if arr.dtype != object else list(back) == list(arr))
             )
             out[name] = (same, back.flags.writeable, seen[3])
+        del back
+        # A big result arrives lent in place: counted while held, handed back once dropped.
+        held = rpc.rpc_sync("worker1", make, args=(8 << 20,))
+        gc.collect()
+        out["lent_while_held"] = _agent.require_agent().lent_messages()
+        del held
         out["lent_after"] = rpc.rpc_sync("worker1", lent_count)
         gc.collect()
         out["lent_here"] = _agent.require_agent().lent_messages()

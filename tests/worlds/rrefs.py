@@ -223,6 +223,10 @@ def unpark(value):
     _parked.pop().set_result(value)
 
 
+def parked_count():
+    return len(_parked)
+
+
 def async_execution(rank, world_size):
     init(rank, world_size, num_worker_threads=1 if rank == 1 else 4)
     out = {}
@@ -236,7 +240,9 @@ def async_execution(rank, world_size):
         out["class"] = rpc.rpc_async("worker1", AsyncOps.class_add, args=("worker2", 9, 10)).wait()
         out["fails"] = error_of(lambda: rpc.rpc_sync("worker1", async_fails))
         parked = rpc.rpc_async("worker1", park)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while rpc.rpc_sync("worker1", parked_count) == 0:  # park's future is in place
+            assert time.monotonic() < deadline, "park never ran on worker1"
         # worker1 has one thread; unpark can only run if park does not hold it.
         rpc.rpc_sync("worker1", unpark, args=("unparked",), timeout=10)
         out["parked"] = parked.wait()
@@ -253,9 +259,10 @@ def futures_and_gather(rank, world_size):
     order = []
     fut = rpc.rpc_async(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
     chain = fut.then(lambda f: order.append("then1") or f.wait() * 2).then(lambda f: order.append("then2") or f.wait() + 1)
-    fut.add_done_callback(lambda f: order.append("callback"))
+    callback_ran = threading.Event()
+    fut.add_done_callback(lambda f: (order.append("callback"), callback_ran.set()))
     out["chain"] = chain.wait()
-    time.sleep(0.05)
+    callback_ran.wait(10)
     out["order"] = order
     failing = rpc.rpc_async(f"worker{(rank + 1) % world_size}", add, args=(1, 1)).then(lambda f: 1 / 0)
     out["then_error"] = error_of(failing.wait)

@@ -6,8 +6,7 @@ work. `make native` (the development build) runs the same step: `python setup.py
 
 A build from an sdist takes the Go modules from its `gomodules/`, a module proxy directory made
 by this file's sdist command, so it needs no network; a build from a checkout uses Go's own
-module cache and proxy. (Not
-`go mod vendor`: gopy builds with -mod=mod, which ignores a vendor directory.)
+module cache and proxy. (Not `go mod vendor`: gopy builds with -mod=mod, which ignores it.)
 """
 
 import hashlib

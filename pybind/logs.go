@@ -52,10 +52,6 @@ func (b *logBuffer) add(record string) {
 	}
 }
 
-// recordEscaper writes the separator and NUL (see forPython) as visible escapes where a record
-// holds them (a peer's name, a remote error's text).
-var recordEscaper = strings.NewReplacer(LogRecordSeparator, `\x1e`, "\x00", `\x00`)
-
 // forPython readies a string a peer may have chosen for gopy, which hands strings to Python as
 // C strings decoded as strict UTF-8: NUL is escaped ("py\x00anything" would arrive as "py") and
 // invalid UTF-8 replaced (it would raise in Python and lose a whole batch of log records).
@@ -81,7 +77,8 @@ func (h pythonLogHandler) Handle(_ context.Context, r slog.Record) error {
 		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
 		return true
 	})
-	logs.add(forPython(recordEscaper.Replace(b.String())))
+	// A separator inside a record (a peer's name, a remote error's text) is escaped as NUL is.
+	logs.add(forPython(strings.ReplaceAll(b.String(), LogRecordSeparator, `\x1e`)))
 	return nil
 }
 

@@ -82,8 +82,7 @@ def _reduce_ndarray(obj: Any) -> Any:
     return obj.__reduce_ex__(PROTOCOL)
 
 
-def _rebuild_tensor(buf: Optional[BufferLike], dtype_name: str, shape: Tuple[int, ...], requires_grad: bool) -> Any:
-    """An empty tensor (what carries no bytes)."""
+def _rebuild_empty_tensor(dtype_name: str, shape: Tuple[int, ...], requires_grad: bool) -> Any:
     # torch is optional and slow to import: only a worker that receives a tensor needs it.
     import torch
 
@@ -203,7 +202,7 @@ class _Pickler(pickle.Pickler):
             data = data.resolve_conj().resolve_neg()
         dtype_name = str(data.dtype).rsplit(".", 1)[-1]
         if data.numel() == 0:
-            return _rebuild_tensor, (None, dtype_name, tuple(data.shape), obj.requires_grad)
+            return _rebuild_empty_tensor, (dtype_name, tuple(data.shape), obj.requires_grad)
         item = data.element_size()
         # The elements the view spans: from its offset to its last element (strides >= 0).
         last = data.storage_offset() + sum((n - 1) * st for n, st in zip(data.shape, data.stride()))

@@ -119,7 +119,7 @@ def on_cuda():
 
 
 @differs(
-    "the message is torch's, word for word; torch raises it as a RuntimeError because its CUDA check fails inside a torch operator, we keep the remote type (AssertionError) as for every exception",
+    "the message is torch's, word for word; torch turns every remote exception but ValueError and TypeError into a RuntimeError, we keep the type (docs/migration.md)",
     "AssertionError: AssertionError: On WorkerInfo(id=1, name=w1):\\nAssertionError('Torch not compiled with CUDA enabled')",
 )
 def a_cuda_tensor_on_a_worker_without_a_gpu_fails_with_torchs_message():

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,7 +108,7 @@ func TestManyConcurrentCalls(t *testing.T) {
 				defer wg.Done()
 				from, to := c.Agents[i%4], fmt.Sprintf("w%d", (i/4)%4)
 				want := fmt.Sprint(i)
-				resp, err := from.Call(context.Background(), to, "echo", core.Message{Payload: []byte(want)})
+				resp, err := from.Call(testctx.For(t), to, "echo", core.Message{Payload: []byte(want)})
 				if err == nil && string(resp.Payload) != want {
 					err = fmt.Errorf("call %d got %q", i, resp.Payload)
 				}
@@ -141,10 +142,10 @@ func TestDeadline(t *testing.T) {
 			t.Fatalf("timeout fired after %v", waited)
 		}
 		// The callee still serves others while the blocked handler waits.
-		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{}); err != nil {
+		if _, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{}); err != nil {
 			t.Fatal(err)
 		}
-		cctx, ccancel := context.WithCancel(context.Background())
+		cctx, ccancel := context.WithCancel(testctx.For(t))
 		f := c.Agents[0].CallAsync(cctx, "w1", "block", core.Message{})
 		ccancel()
 		if _, err := f.Result(); !errors.Is(err, core.ErrCanceled) {
@@ -161,13 +162,13 @@ func TestPeerLostFailsPendingCalls(t *testing.T) {
 		c := coretest.New(t, 3, opts)
 		var pending []*core.CallFuture
 		for i := 0; i < 5; i++ {
-			pending = append(pending, c.Agents[0].CallAsync(context.Background(), "w1", "block", core.Message{}))
+			pending = append(pending, c.Agents[0].CallAsync(testctx.For(t), "w1", "block", core.Message{}))
 		}
 		// Make sure the calls reached w1 before it goes away.
-		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{}); err != nil {
+		if _, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{}); err != nil {
 			t.Fatal(err)
 		}
-		c.Agents[1].Shutdown(context.Background(), false)
+		c.Agents[1].Shutdown(testctx.For(t), false)
 		for _, f := range pending {
 			select {
 			case <-f.Done():
@@ -178,10 +179,10 @@ func TestPeerLostFailsPendingCalls(t *testing.T) {
 				t.Fatalf("err = %v, want peer lost naming w1", err)
 			}
 		}
-		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{}); !errors.Is(err, core.ErrPeerLost) {
+		if _, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{}); !errors.Is(err, core.ErrPeerLost) {
 			t.Fatalf("new call to the lost peer: err = %v, want peer lost", err)
 		}
-		if _, err := c.Agents[0].Call(context.Background(), "w2", "echo", core.Message{}); err != nil {
+		if _, err := c.Agents[0].Call(testctx.For(t), "w2", "echo", core.Message{}); err != nil {
 			t.Fatalf("survivors must keep calling each other: %v", err)
 		}
 	})
@@ -200,13 +201,13 @@ func TestGracefulShutdownIsABarrier(t *testing.T) {
 				if i == 2 {
 					// The last worker keeps calling the others for a while before it leaves.
 					for j := 0; j < 20; j++ {
-						if _, err := a.Call(context.Background(), fmt.Sprintf("w%d", j%2), "echo", core.Message{}); err != nil {
+						if _, err := a.Call(testctx.For(t), fmt.Sprintf("w%d", j%2), "echo", core.Message{}); err != nil {
 							t.Errorf("call during others' shutdown: %v", err)
 						}
 						time.Sleep(5 * time.Millisecond)
 					}
 				}
-				if err := a.Shutdown(context.Background(), true); err != nil {
+				if err := a.Shutdown(testctx.For(t), true); err != nil {
 					t.Errorf("shutdown w%d: %v", i, err)
 				}
 				shutdownAt[i] = time.Now()
@@ -218,10 +219,10 @@ func TestGracefulShutdownIsABarrier(t *testing.T) {
 				t.Errorf("w%d left long before w2 did", i)
 			}
 		}
-		if _, err := c.Agents[0].Call(context.Background(), "w0", "echo", core.Message{}); !errors.Is(err, core.ErrShutdown) {
+		if _, err := c.Agents[0].Call(testctx.For(t), "w0", "echo", core.Message{}); !errors.Is(err, core.ErrShutdown) {
 			t.Fatalf("call after shutdown: err = %v, want ErrShutdown", err)
 		}
-		if err := c.Agents[0].Shutdown(context.Background(), true); !errors.Is(err, core.ErrShutdown) {
+		if err := c.Agents[0].Shutdown(testctx.For(t), true); !errors.Is(err, core.ErrShutdown) {
 			t.Fatalf("second shutdown: err = %v, want ErrShutdown", err)
 		}
 	})
@@ -237,7 +238,7 @@ func TestShutdownWaitsForCallsMadeDuringTheBarrier(t *testing.T) {
 		var spawned atomic.Pointer[core.CallFuture]
 		opts.Handlers = map[string]core.Handler{
 			"spawn": core.HandlerFunc(func(_ context.Context, _ core.Message) (core.Message, error) {
-				spawned.Store(w1.Load().CallAsync(context.Background(), "w2", "slow", core.Message{}))
+				spawned.Store(w1.Load().CallAsync(testctx.For(t), "w2", "slow", core.Message{}))
 				return core.Message{}, nil
 			}),
 			"slow": core.HandlerFunc(func(_ context.Context, _ core.Message) (core.Message, error) {

@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -37,7 +39,7 @@ func TestBigMessagesTravelInChunks(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				resp, err := c.Agents[0].Call(context.Background(), "w1", "echo", tt.req)
+				resp, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", tt.req)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -58,36 +60,36 @@ func TestBigMessagesTravelInChunks(t *testing.T) {
 	})
 }
 
-// slowChunks makes each chunk take 4 ms to send, so a big transfer lasts long enough to watch
-// small calls pass it even when -race binaries beside this one starve it of CPU (at 1 ms a
-// chunk, 20 small calls sometimes took longer than the whole second the transfer lasted).
-func slowChunks(f *wire.Frame) error {
-	if f.Kind == wire.FrameChunk {
-		time.Sleep(4 * time.Millisecond)
-	}
-	return nil
-}
-
+// TestSmallCallsOvertakeABigTransfer: small calls are answered while a big message's chunks
+// cannot move (held on the network), so they wait for no part of it.
 func TestSmallCallsOvertakeABigTransfer(t *testing.T) {
 	handlers := testHandlers(nil)
 	handlers["sink"] = core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) { return core.Message{}, nil })
-	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: handlers, ChunkSize: 64 << 10})
-	for i := range cfgs {
-		cfgs[i].Transport = coretest.SendHooked(cfgs[i].Transport, slowChunks)
+	network := transport.NewInmemNetwork()
+	c := coretest.New(t, 2, coretest.Options{Handlers: handlers, ChunkSize: 64 << 10, Network: network})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	release := make(chan struct{})
+	held := network.Inject(transport.Fault{Match: func(f *wire.Frame) bool { return f.Kind == wire.FrameChunk }, Hold: release})
+	big := c.Agents[0].CallAsync(ctx, "w1", "sink", core.Message{Payload: make([]byte, 64<<20)})
+	for held.Hits() == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no chunk of the big message was sent within 30 s")
+		case <-time.After(time.Millisecond):
+		}
 	}
-	c := coretest.Start(t, cfgs)
-	// 1024 chunks at 4 ms each: the transfer lasts at least 4 s.
-	big := c.Agents[0].CallAsync(context.Background(), "w1", "sink", core.Message{Payload: make([]byte, 64<<20)})
 	for i := 0; i < 20; i++ {
-		if _, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{Payload: []byte("small")}); err != nil {
+		if _, err := c.Agents[0].Call(ctx, "w1", "echo", core.Message{Payload: []byte("small")}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	select {
 	case <-big.Done():
-		t.Fatal("the small calls waited for the big transfer to finish")
+		t.Fatal("the big call finished while its chunks were held")
 	default:
 	}
+	close(release)
 	if _, err := big.Result(); err != nil {
 		t.Fatal(err)
 	}
@@ -102,15 +104,15 @@ func TestSizeLimits(t *testing.T) {
 			return core.Message{Payload: make([]byte, 100<<10)}, nil
 		})
 		c := coretest.New(t, 2, opts)
-		_, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{Payload: make([]byte, 65<<10)})
+		_, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{Payload: make([]byte, 65<<10)})
 		if !errors.Is(err, core.ErrTooLarge) || !strings.Contains(err.Error(), "nothing was sent") {
 			t.Fatalf("err = %v, want ErrTooLarge before sending", err)
 		}
-		_, err = c.Agents[0].Call(context.Background(), "w1", "grow", core.Message{})
+		_, err = c.Agents[0].Call(testctx.For(t), "w1", "grow", core.Message{})
 		if !errors.Is(err, core.ErrTooLarge) || !strings.Contains(err.Error(), "reply") {
 			t.Fatalf("err = %v, want ErrTooLarge for the reply", err)
 		}
-		if resp, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{Payload: make([]byte, 60<<10)}); err != nil || len(resp.Payload) != 60<<10 {
+		if resp, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{Payload: make([]byte, 60<<10)}); err != nil || len(resp.Payload) != 60<<10 {
 			t.Fatalf("the callee stopped serving: %v", err)
 		}
 	})
@@ -130,7 +132,7 @@ func TestAbortedTransferFreesTheCallee(t *testing.T) {
 		}
 		cancel()
 	}
-	resp, err := c.Agents[0].Call(context.Background(), "w1", "echo", core.Message{Payload: []byte(fmt.Sprint("after"))})
+	resp, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{Payload: []byte(fmt.Sprint("after"))})
 	if err != nil || string(resp.Payload) != "after" {
 		t.Fatalf("got %q, %v", resp.Payload, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"strings"
 	"sync"
 	"testing"
@@ -249,6 +250,6 @@ func TestReceiveBudgetFromTheEnvironment(t *testing.T) {
 		if _, budget := a.ReceiveMemory(); tt.want != 0 && budget != tt.want {
 			t.Errorf("%q: budget %d, want %d", tt.value, budget, tt.want)
 		}
-		a.Shutdown(context.Background(), false)
+		a.Shutdown(testctx.For(t), false)
 	}
 }

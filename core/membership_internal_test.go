@@ -1,7 +1,7 @@
 package core
 
 import (
-	"context"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"testing"
 
 	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
@@ -15,11 +15,11 @@ import (
 func TestKnownCallerTellsMembersApart(t *testing.T) {
 	store, network := rendezvous.NewMemStore(0), transport.NewInmemNetwork()
 	start := func(name string, rank int) *Agent {
-		a, err := Start(context.Background(), Config{Name: name, Rank: rank, Store: store, Transport: network.Transport()})
+		a, err := Start(testctx.For(t), Config{Name: name, Rank: rank, Store: store, Transport: network.Transport()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { a.Shutdown(context.Background(), false) })
+		t.Cleanup(func() { a.Shutdown(testctx.For(t), false) })
 		return a
 	}
 	w0, w1 := start("w0", 0), start("w1", 1)
@@ -39,7 +39,7 @@ func TestKnownCallerTellsMembersApart(t *testing.T) {
 	}
 	// A worker that joined without telling w0 (its notice lost) is found in the store.
 	record, _ := msgpack.Marshal(&memberRecord{Info: WorkerInfo{Name: "w2", ID: 2, Addr: "inmem-x"}})
-	ms, err := store.JoinMembers(context.Background(), rendezvous.Member{Rank: 2, Name: "w2", Value: record})
+	ms, err := store.JoinMembers(testctx.For(t), rendezvous.Member{Rank: 2, Name: "w2", Value: record})
 	if err != nil {
 		t.Fatal(err)
 	}

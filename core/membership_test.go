@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"slices"
 	"strings"
 	"sync"
@@ -59,18 +60,18 @@ func TestDynamicWorldFollowsJoinsAndLeaves(t *testing.T) {
 	}
 	before := w0.WorldVersion()
 
-	if err := w1.Shutdown(context.Background(), true); err != nil {
+	if err := w1.Shutdown(testctx.For(t), true); err != nil {
 		t.Fatalf("w1 leaves: %v", err)
 	}
 	for _, a := range []*core.Agent{w0, w5} {
 		if got := names(a); got != "0:w0 5:w5" {
 			t.Fatalf("%s sees %q once w1 left", a.Self().Name, got)
 		}
-		_, err := a.Call(context.Background(), "w1", "echo", core.Message{})
+		_, err := a.Call(testctx.For(t), "w1", "echo", core.Message{})
 		if !errors.Is(err, core.ErrUnknownWorker) {
 			t.Fatalf("call to w1 by name after it left: %v", err)
 		}
-		_, err = a.CallRank(context.Background(), 1, "echo", core.Message{}).Result()
+		_, err = a.CallRank(testctx.For(t), 1, "echo", core.Message{}).Result()
 		if !errors.Is(err, core.ErrWorkerLeft) || !strings.Contains(err.Error(), `"w1"`) {
 			t.Fatalf("call to rank 1 after w1 left: %v", err)
 		}
@@ -103,9 +104,9 @@ func TestDynamicJoinRefusesANameOrRankInUse(t *testing.T) {
 		{"other", 1, `rank 1 is taken by worker "w1"`},
 	} {
 		cfg, _ := world.Config(tc.name, tc.rank)
-		a, err := core.Start(context.Background(), cfg)
+		a, err := core.Start(testctx.For(t), cfg)
 		if err == nil {
-			a.Shutdown(context.Background(), false)
+			a.Shutdown(testctx.For(t), false)
 			t.Fatalf("%s as rank %d joined", tc.name, tc.rank)
 		}
 		if !errors.Is(err, core.ErrRendezvous) || !strings.Contains(err.Error(), tc.want) {
@@ -123,7 +124,7 @@ func TestDynamicWorldDropsAWorkerWhoseProcessDied(t *testing.T) {
 
 	t2.Close() // w2's process ends without leaving: its streams and listener go
 	waitFor(t, func() bool { return names(w0) == "0:w0 1:w1" && names(w1) == "0:w0 1:w1" })
-	_, err := w1.CallRank(context.Background(), 2, "echo", core.Message{}).Result()
+	_, err := w1.CallRank(testctx.For(t), 2, "echo", core.Message{}).Result()
 	if !errors.Is(err, core.ErrWorkerLeft) || !strings.Contains(err.Error(), `"w2"`) {
 		t.Fatalf("call to the dead w2: %v", err)
 	}
@@ -156,9 +157,9 @@ func TestCallsToALeavingWorkerFailNamingIt(t *testing.T) {
 	world := coretest.NewDynamicWorld(handlers)
 	w0, _ := world.Join(t, "w0", 0)
 	w1, _ := world.Join(t, "w1", 1)
-	pending := w0.CallAsync(context.Background(), "w1", "block", core.Message{})
+	pending := w0.CallAsync(testctx.For(t), "w1", "block", core.Message{})
 	time.Sleep(20 * time.Millisecond)
-	w1.Shutdown(context.Background(), false)
+	w1.Shutdown(testctx.For(t), false)
 	done := make(chan error, 1)
 	go func() { _, err := pending.Result(); done <- err }()
 	select {
@@ -177,18 +178,18 @@ func TestRRefForksOfALeaverAreReleased(t *testing.T) {
 	world := coretest.NewDynamicWorld(echoHandlers())
 	cfg, _ := world.Config("owner", 0)
 	cfg.OnRRefDropped = func(id wire.RRefID) { mu.Lock(); dropped[id] = true; mu.Unlock() }
-	owner, err := core.Start(context.Background(), cfg)
+	owner, err := core.Start(testctx.For(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer owner.Shutdown(context.Background(), false)
+	defer owner.Shutdown(testctx.For(t), false)
 	user, _ := world.Join(t, "user", 1)
 	id, fork := user.NewRRefID(), user.NewRRefID()
-	if err := user.AddFork(context.Background(), 0, id, fork, 1); err != nil {
+	if err := user.AddFork(testctx.For(t), 0, id, fork, 1); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return owner.OwnedRRefs() == 1 })
-	user.Shutdown(context.Background(), false) // leaves without releasing its fork
+	user.Shutdown(testctx.For(t), false) // leaves without releasing its fork
 	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return dropped[id] })
 
 	// The ids of a member that joins again under the same rank are new.
@@ -200,12 +201,12 @@ func TestRRefForksOfALeaverAreReleased(t *testing.T) {
 
 func TestDynamicWorldNeedsAStoreThatHoldsMembership(t *testing.T) {
 	cfg := core.Config{Name: "w0", Rank: 0, InitMethod: "file://" + t.TempDir() + "/store", InitTimeout: time.Second}
-	_, err := core.Start(context.Background(), cfg)
+	_, err := core.Start(testctx.For(t), cfg)
 	if !errors.Is(err, core.ErrRendezvous) || !strings.Contains(err.Error(), "tcp:// or env://") {
 		t.Fatalf("a dynamic world on a file store: %v", err)
 	}
 	static := rendezvous.NewMemStore(2)
-	_, err = core.Start(context.Background(), core.Config{Name: "w0", Rank: 0, Store: static, InitTimeout: time.Second, Transport: coretest.NewDynamicWorld(nil).Network.Transport()})
+	_, err = core.Start(testctx.For(t), core.Config{Name: "w0", Rank: 0, Store: static, InitTimeout: time.Second, Transport: coretest.NewDynamicWorld(nil).Network.Transport()})
 	if err == nil || !strings.Contains(err.Error(), "fixed size 2") {
 		t.Fatalf("a dynamic worker on a static world's store: %v", err)
 	}
@@ -214,14 +215,14 @@ func TestDynamicWorldNeedsAStoreThatHoldsMembership(t *testing.T) {
 func TestDynamicWorldOverGRPC(t *testing.T) {
 	init := fmt.Sprintf("tcp://127.0.0.1:%d", coretest.FreePort(t))
 	join := func(name string, rank int) *core.Agent {
-		a, err := core.Start(context.Background(), core.Config{
+		a, err := core.Start(testctx.For(t), core.Config{
 			Name: name, Rank: rank, InitMethod: init, ListenHost: "127.0.0.1",
 			InitTimeout: 10 * time.Second, Handlers: echoHandlers(),
 		})
 		if err != nil {
 			t.Fatalf("join %s: %v", name, err)
 		}
-		t.Cleanup(func() { a.Shutdown(context.Background(), false) })
+		t.Cleanup(func() { a.Shutdown(testctx.For(t), false) })
 		return a
 	}
 	// A joiner may start before rank 0 (which hosts the store): it waits for it.
@@ -239,7 +240,7 @@ func TestDynamicWorldOverGRPC(t *testing.T) {
 		callEcho(t, a, "w1")
 		callEcho(t, a, "w2")
 	}
-	if err := w2.Shutdown(context.Background(), true); err != nil {
+	if err := w2.Shutdown(testctx.For(t), true); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(w1); got != "0:w0 1:w1" {

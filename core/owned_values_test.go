@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func startPair(t *testing.T, handlers map[string]Handler, tune ...func(*Config))
 				f(&cfg)
 			}
 			var err error
-			agents[i], err = Start(context.Background(), cfg)
+			agents[i], err = Start(testctx.For(t), cfg)
 			errs <- err
 		}()
 	}
@@ -40,7 +41,7 @@ func startPair(t *testing.T, handlers map[string]Handler, tune ...func(*Config))
 	}
 	t.Cleanup(func() {
 		for _, a := range agents {
-			a.Shutdown(context.Background(), false)
+			a.Shutdown(testctx.For(t), false)
 		}
 	})
 	return agents[0], agents[1]

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"log/slog"
 	"math"
 	"strings"
@@ -58,7 +59,7 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := newReceiveBudget(budget, slog.Default())
-			r := newReassembler(context.Background(), limit, b, "peer")
+			r := newReassembler(testctx.For(t), limit, b, "peer")
 			var refused, err error
 			for _, f := range tt.frames {
 				if _, _, refused, err = r.add(f); err != nil {
@@ -87,7 +88,7 @@ func TestReassemblyChecksWhatPeersAnnounce(t *testing.T) {
 // TestDestChecksOffsetsWithoutOverflow: the decoder asks where a chunk goes before reading it;
 // offsets and lengths that overflow must not slice.
 func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
-	r := newReassembler(context.Background(), 1<<20, newReceiveBudget(1<<20, slog.Default()), "peer")
+	r := newReassembler(testctx.For(t), 1<<20, newReceiveBudget(1<<20, slog.Default()), "peer")
 	if _, _, _, err := r.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{100}}); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestDestChecksOffsetsWithoutOverflow(t *testing.T) {
 // pool twice, or two later messages would share it.
 func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 	const size = 3 << 20 // a size class no other test of this package uses
-	r := newReassembler(context.Background(), 1<<30, newReceiveBudget(1<<30, slog.Default()), "peer")
+	r := newReassembler(testctx.For(t), 1<<30, newReceiveBudget(1<<30, slog.Default()), "peer")
 	r.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{size}})
 	_, msg, _, err := r.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, size)})
 	if err != nil || !msg.Pooled() {
@@ -127,11 +128,11 @@ func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 func TestReceiveBudgetWaitsForRoom(t *testing.T) {
 	b := newReceiveBudget(100, slog.Default())
 	first := &reservation{n: 80, peer: "first"}
-	if err := b.reserve(context.Background(), first); err != nil {
+	if err := b.reserve(testctx.For(t), first); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
-	go func() { got <- b.reserve(context.Background(), &reservation{n: 50, peer: "second"}) }()
+	go func() { got <- b.reserve(testctx.For(t), &reservation{n: 50, peer: "second"}) }()
 	select {
 	case err := <-got:
 		t.Fatalf("a reservation over the budget did not wait: %v", err)
@@ -146,13 +147,13 @@ func TestReceiveBudgetWaitsForRoom(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reservation was not woken when memory came back")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(testctx.For(t))
 	go func() { got <- b.reserve(ctx, &reservation{n: 60, peer: "third"}) }()
 	cancel()
 	if err := <-got; !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want the wait to end with its context", err)
 	}
-	if err := b.reserve(context.Background(), &reservation{n: 101, peer: "huge"}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
+	if err := b.reserve(testctx.For(t), &reservation{n: 101, peer: "huge"}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "whole 100-byte receive budget") {
 		t.Fatalf("err = %v, want ErrTooLarge naming the budget", err)
 	}
 }
@@ -164,12 +165,12 @@ func TestReceiveBudgetWaitsForRoom(t *testing.T) {
 func TestStalledStreamsLoseTheirMemory(t *testing.T) {
 	b := newReceiveBudget(1<<20, slog.Default())
 	b.idleLimit = 100 * time.Millisecond
-	hog := newReassembler(context.Background(), 1<<20, b, "hog")
+	hog := newReassembler(testctx.For(t), 1<<20, b, "hog")
 	hog.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 20}})
 	if _, _, _, err := hog.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 64<<10)}); err != nil {
 		t.Fatal(err)
 	}
-	honest := newReassembler(context.Background(), 1<<20, b, "honest")
+	honest := newReassembler(testctx.For(t), 1<<20, b, "honest")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	honest.ctx = ctx
@@ -195,7 +196,7 @@ func TestStalledStreamsLoseTheirMemory(t *testing.T) {
 func TestAStreamWaitingForBudgetKeepsItsOwnMessages(t *testing.T) {
 	b := newReceiveBudget(1<<20, slog.Default())
 	b.idleLimit = 50 * time.Millisecond
-	s := newReassembler(context.Background(), 1<<20, b, "busy")
+	s := newReassembler(testctx.For(t), 1<<20, b, "busy")
 	s.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{1 << 20}})
 	// Another message in turns would need overdraft beyond what is left: it waits.
 	b.used += interleaveWindow

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -14,11 +16,13 @@ func TestRRefForksAcrossWorkers(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
 		var mu sync.Mutex
 		dropped := map[wire.RRefID]bool{}
+		opts.Handlers = testHandlers(nil)
 		cfgs := coretest.Configs(t, 3, opts)
 		cfgs[0].OnRRefDropped = func(id wire.RRefID) { mu.Lock(); dropped[id] = true; mu.Unlock() }
 		agents := coretest.Start(t, cfgs).Agents
 		owner, user, third := agents[0], agents[1], agents[2]
-		ctx := context.Background()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 
 		// user creates an RRef owned by worker 0 (as remote() does), forks it to a third
 		// worker, then releases its own fork: the value must stay while the third holds one.
@@ -31,8 +35,14 @@ func TestRRefForksAcrossWorkers(t *testing.T) {
 			t.Fatal(err)
 		}
 		user.ReleaseFork(0, id, userFork)
-		waitFor(t, func() bool { return owner.OwnedRRefs() == 1 })
-		time.Sleep(50 * time.Millisecond)
+		// The release goes before this call on the user's ordered stream to the owner: once
+		// the call is answered, the owner has applied it.
+		if _, err := user.Call(ctx, "w0", "echo", core.Message{}); err != nil {
+			t.Fatal(err)
+		}
+		if n := owner.OwnedRRefs(); n != 1 {
+			t.Fatalf("owner tracks %d RRefs after the user released one of two forks, want 1", n)
+		}
 		mu.Lock()
 		early := dropped[id]
 		mu.Unlock()
@@ -55,5 +65,61 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestAReleaseThatOvertakesItsRegistrationKeepsTheValue: a fork handed to a third worker can be
+// released by it before its parent's registration of the fork reaches the owner (they travel on
+// different streams). The owner must neither drop the value then, while the parent's release
+// of its own fork is also on the way, nor keep it once both have arrived.
+func TestAReleaseThatOvertakesItsRegistrationKeepsTheValue(t *testing.T) {
+	network := transport.NewInmemNetwork()
+	var mu sync.Mutex
+	dropped := 0
+	cfgs := coretest.Configs(t, 3, coretest.Options{Handlers: testHandlers(nil), Network: network})
+	cfgs[0].OnRRefDropped = func(wire.RRefID) { mu.Lock(); dropped++; mu.Unlock() }
+	agents := coretest.Start(t, cfgs).Agents
+	owner, parent, third := agents[0], agents[1], agents[2]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	droppedSoFar := func() int { mu.Lock(); defer mu.Unlock(); return dropped }
+
+	id, parentFork, thirdFork := parent.NewRRefID(), parent.NewRRefID(), parent.NewRRefID()
+	if err := parent.AddFork(ctx, 0, id, parentFork, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parent.Call(ctx, "w0", "echo", core.Message{}); err != nil {
+		t.Fatal(err) // carried the parent's own fork: registered once answered
+	}
+
+	// Everything the parent sends the owner from now on waits, in order, on the network.
+	release := make(chan struct{})
+	held := network.Inject(transport.Fault{From: parent.Self().Addr, To: owner.Self().Addr, Hold: release})
+	if err := parent.AddFork(ctx, 0, id, thirdFork, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := parent.ReleaseFork(0, id, parentFork); err != nil {
+		t.Fatal(err)
+	}
+	parentAnswered := parent.CallAsync(ctx, "w0", "echo", core.Message{})
+	if err := third.ReleaseFork(0, id, thirdFork); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := third.Call(ctx, "w0", "echo", core.Message{}); err != nil {
+		t.Fatal(err) // the third worker's release went before it: applied once answered
+	}
+	if held.Hits() == 0 {
+		t.Fatal("nothing of the parent's was held: the test did not set up the race")
+	}
+	if n := droppedSoFar(); n != 0 || owner.OwnedRRefs() != 1 {
+		t.Fatalf("after the fork's release overtook its registration: dropped %d times, owner tracks %d RRefs; want 0 and 1", n, owner.OwnedRRefs())
+	}
+
+	close(release)
+	if _, err := parentAnswered.Result(); err != nil {
+		t.Fatal(err) // behind the parent's registration and release on its ordered stream
+	}
+	if n := droppedSoFar(); n != 1 || owner.OwnedRRefs() != 0 {
+		t.Fatalf("once every operation arrived: dropped %d times, owner tracks %d RRefs; want 1 and 0", n, owner.OwnedRRefs())
 	}
 }

@@ -43,6 +43,9 @@ type Options struct {
 	// Transports pins the transports of a GRPC world (see core.Config.Transports); empty
 	// means the default: shared memory between these agents, all on one host.
 	Transports []string
+	// Network, for a world that is not GRPC, is the network its agents share, so the test
+	// can inject faults into it (default: a new one).
+	Network *transport.InmemNetwork
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago. It is drawn from below the
@@ -95,7 +98,10 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 	if opts.GRPC {
 		init = fmt.Sprintf("tcp://127.0.0.1:%d", FreePort(t))
 	} else {
-		store, network = rendezvous.NewMemStore(n), transport.NewInmemNetwork()
+		store, network = rendezvous.NewMemStore(n), opts.Network
+		if network == nil {
+			network = transport.NewInmemNetwork()
+		}
 	}
 	for i := range cfgs {
 		cfgs[i] = core.Config{

@@ -4,6 +4,7 @@ package faults
 import (
 	"context"
 	"errors"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"sync"
 	"testing"
 	"time"
@@ -33,12 +34,12 @@ func TestSurvivorsShutDownGracefully(t *testing.T) {
 				c := coretest.New(t, 3, coretest.Options{GRPC: grpc, Handlers: echo})
 				for _, a := range c.Agents {
 					for _, w := range a.Workers() {
-						if _, err := a.Call(context.Background(), w.Name, "echo", core.Message{}); err != nil {
+						if _, err := a.Call(testctx.For(t), w.Name, "echo", core.Message{}); err != nil {
 							t.Fatal(err)
 						}
 					}
 				}
-				c.Agents[tt.gone].Shutdown(context.Background(), false)
+				c.Agents[tt.gone].Shutdown(testctx.For(t), false)
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				var wg sync.WaitGroup
@@ -76,16 +77,16 @@ func TestForksOfAGoneWorkerAreDropped(t *testing.T) {
 	c := coretest.Start(t, cfgs)
 	owner, user := c.Agents[0], c.Agents[1]
 	id, fork := user.NewRRefID(), user.NewRRefID()
-	if err := user.AddFork(context.Background(), 0, id, fork, 1); err != nil {
+	if err := user.AddFork(testctx.For(t), 0, id, fork, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := user.Call(context.Background(), "w0", "echo", core.Message{}); err != nil {
+	if _, err := user.Call(testctx.For(t), "w0", "echo", core.Message{}); err != nil {
 		t.Fatal(err) // the fork is registered once this call, sent after it, is answered
 	}
 	if owner.OwnedRRefs() != 1 {
 		t.Fatalf("owner tracks %d RRefs, want 1", owner.OwnedRRefs())
 	}
-	user.Shutdown(context.Background(), false)
+	user.Shutdown(testctx.For(t), false)
 	select {
 	case got := <-dropped:
 		if got != id {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,63 +14,22 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
-// lossyTransport wraps the streams a worker dials so a test can make them lose frames, one
-// way or the other, and then break, as a link that fails mid-stream does.
-type lossyTransport struct {
-	transport.Transport
-	mu      sync.Mutex
-	streams []*lossyStream
+// refsCounted counts the reference operations in the frames it is asked about, and selects them.
+func refsCounted(n *atomic.Int64) func(*wire.Frame) bool {
+	return func(f *wire.Frame) bool { n.Add(int64(len(f.Refs))); return len(f.Refs) > 0 }
 }
 
-func (t *lossyTransport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
-	s, err := t.Transport.Dial(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	ls := &lossyStream{Stream: s}
-	t.mu.Lock()
-	t.streams = append(t.streams, ls)
-	t.mu.Unlock()
-	return ls, nil
-}
+// isAck selects an owner's acknowledgement of reference operations with no frame to ride on.
+func isAck(f *wire.Frame) bool { return f.Kind == wire.FrameRefs && len(f.Refs) == 0 && f.RefSeq > 0 }
 
-// lose makes every stream dialed so far drop what it sends (out) or receives (back).
-func (t *lossyTransport) lose(out, back bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, s := range t.streams {
-		s.dropSends.Store(out)
-		s.dropRecvs.Store(back)
-	}
-}
-
-// breakAll ends every stream dialed so far.
-func (t *lossyTransport) breakAll() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, s := range t.streams {
-		s.Close()
-	}
-	t.streams = nil
-}
-
-type lossyStream struct {
-	transport.Stream
-	dropSends, dropRecvs atomic.Bool
-}
-
-func (s *lossyStream) Send(f *wire.Frame) error {
-	if s.dropSends.Load() {
-		return nil
-	}
-	return s.Stream.Send(f)
-}
-
-func (s *lossyStream) Recv() (*wire.Frame, error) {
-	for {
-		f, err := s.Stream.Recv()
-		if err != nil || !s.dropRecvs.Load() {
-			return f, err
+// waitUntil polls cond every 5 ms and fails the test with what if it is not met by ctx's end.
+func waitUntil(ctx context.Context, t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not within the test's deadline", what)
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
@@ -83,20 +41,31 @@ func (s *lossyStream) Recv() (*wire.Frame, error) {
 // applied twice (a release) left the value held forever.
 func TestReferenceOperationsSurviveABrokenStream(t *testing.T) {
 	tests := []struct {
-		name            string
-		loseOut, loseIn bool
+		name string
+		// lost returns the fault that loses frames, and seen whether it has lost what the
+		// test is about.
+		lost func(holder, owner string) (transport.Fault, func() bool)
 	}{
-		{name: "operations lost on the way", loseOut: true},
-		{name: "acknowledgements lost on the way back", loseIn: true},
+		{name: "operations lost on the way", lost: func(holder, owner string) (transport.Fault, func() bool) {
+			var ops atomic.Int64
+			return transport.Fault{From: holder, To: owner, Match: refsCounted(&ops), Drop: true}, func() bool { return ops.Load() >= 2 }
+		}},
+		{name: "acknowledgements lost on the way back", lost: func(holder, owner string) (transport.Fault, func() bool) {
+			var acks atomic.Int64
+			return transport.Fault{From: owner, To: holder, Match: func(f *wire.Frame) bool {
+				if isAck(f) {
+					acks.Add(1)
+				}
+				return true
+			}, Drop: true}, func() bool { return acks.Load() >= 1 }
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
-			lossy := &lossyTransport{Transport: cfgs[0].Transport}
-			cfgs[0].Transport = lossy
-			c := coretest.Start(t, cfgs)
+			network := transport.NewInmemNetwork()
+			c := coretest.New(t, 2, coretest.Options{Handlers: echo, Network: network})
 			holder, owner := c.Agents[0], c.Agents[1]
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			call := func() {
 				t.Helper()
@@ -110,22 +79,24 @@ func TestReferenceOperationsSurviveABrokenStream(t *testing.T) {
 			}
 			call() // the first fork is registered once this call, which carried it, is answered
 
-			lossy.lose(tt.loseOut, tt.loseIn)
+			fault, seen := tt.lost(holder.Self().Addr, owner.Self().Addr)
+			lost := network.Inject(fault)
 			if err := holder.AddFork(ctx, 1, rref, second, 0); err != nil {
 				t.Fatal(err)
 			}
 			if err := holder.ReleaseFork(1, rref, first); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond) // the flush timer sends both
-			lossy.breakAll()
+			waitUntil(ctx, t, "the fault lost the operations or their acknowledgement", seen)
+			lost.Remove()
+			network.Break(holder.Self().Addr, owner.Self().Addr)
 			// The next call goes on a new stream once the holder has seen the old one end.
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			for {
 				_, err := holder.Call(ctx, "w1", "echo", core.Message{})
 				if err == nil {
 					break
 				}
-				if !errors.Is(err, core.ErrPeerLost) || time.Now().After(deadline) {
+				if !errors.Is(err, core.ErrPeerLost) || ctx.Err() != nil {
 					t.Fatal(err)
 				}
 			}
@@ -144,14 +115,11 @@ func TestReferenceOperationsSurviveABrokenStream(t *testing.T) {
 	}
 }
 
-// heldFork starts a holder (w0, whose dialed streams can be made lossy) and an owner (w1, its
-// transport wrapped by wrapOwner), and registers a fork of an RRef w1 owns, held by w0; it
-// returns once w1 has it.
-func heldFork(t *testing.T, wrapOwner func(transport.Transport) transport.Transport) (holder, owner *core.Agent, lossy *lossyTransport, rref, fork wire.RRefID) {
+// heldFork starts a holder (w0) and an owner (w1, its transport wrapped by wrapOwner) on
+// network, and registers a fork of an RRef w1 owns, held by w0; it returns once w1 has it.
+func heldFork(t *testing.T, network *transport.InmemNetwork, wrapOwner func(transport.Transport) transport.Transport) (holder, owner *core.Agent, rref, fork wire.RRefID) {
 	t.Helper()
-	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo})
-	lossy = &lossyTransport{Transport: cfgs[0].Transport}
-	cfgs[0].Transport = lossy
+	cfgs := coretest.Configs(t, 2, coretest.Options{Handlers: echo, Network: network})
 	cfgs[1].Transport = wrapOwner(cfgs[1].Transport)
 	c := coretest.Start(t, cfgs)
 	holder, owner = c.Agents[0], c.Agents[1]
@@ -164,22 +132,27 @@ func heldFork(t *testing.T, wrapOwner func(transport.Transport) transport.Transp
 	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
 		t.Fatal(err) // the fork is registered once this call, which carried it, is answered
 	}
-	return holder, owner, lossy, rref, fork
+	return holder, owner, rref, fork
 }
 
-// holderSeenFromOwner stands between an owner and one holder's address: while on, dials
-// to it fail with dialErr and probes answer what probe says, whatever the holder itself does.
+// holderSeenFromOwner stands between an owner and one holder's address: it counts the
+// owner's dials to it, and while on, those dials fail with dialErr and probes answer what
+// probe says, whatever the holder itself does.
 type holderSeenFromOwner struct {
 	transport.Transport
 	addr    string
+	dials   atomic.Int32
 	dialErr error
-	probe   func() error // nil: the host takes connections
-	on      atomic.Bool  // set after the fields above, so they are read only once set
+	probe   func() error
+	on      atomic.Bool // set after the fields above, so they are read only once set
 }
 
 func (t *holderSeenFromOwner) Dial(ctx context.Context, addr string) (transport.Stream, error) {
-	if t.on.Load() && addr == t.addr {
-		return nil, t.dialErr
+	if addr == t.addr {
+		t.dials.Add(1)
+		if t.on.Load() {
+			return nil, t.dialErr
+		}
 	}
 	return t.Transport.Dial(ctx, addr)
 }
@@ -192,40 +165,38 @@ func (t *holderSeenFromOwner) Probe(ctx context.Context, addr string) error {
 }
 
 // ownerView starts heldFork with the owner's view of the holder in between.
-func ownerView(t *testing.T) (view *holderSeenFromOwner, holder, owner *core.Agent, lossy *lossyTransport, rref, fork wire.RRefID) {
+func ownerView(t *testing.T, network *transport.InmemNetwork) (view *holderSeenFromOwner, holder, owner *core.Agent, rref, fork wire.RRefID) {
 	view = &holderSeenFromOwner{}
-	holder, owner, lossy, rref, fork = heldFork(t, func(tr transport.Transport) transport.Transport {
+	holder, owner, rref, fork = heldFork(t, network, func(tr transport.Transport) transport.Transport {
 		view.Transport = tr
 		return view
 	})
 	view.addr = holder.Self().Addr
-	return view, holder, owner, lossy, rref, fork
+	return view, holder, owner, rref, fork
 }
 
-// TestAWorkerCutOffForAWhileKeepsItsForks: when a holder's stream to the owner ends and the
-// holder cannot be reached for a while, the owner keeps the forks it holds (before, one failed
-// probe dropped them, and the holder's to_here would never complete). Once its host says it is
+// TestAWorkerCutOffForAWhileKeepsItsForks: when the link between a holder and the owner is
+// down for a while, the owner keeps the forks the holder holds (before, one failed probe
+// dropped them, and the holder's to_here would never complete). Once its host says it is
 // gone, they are dropped (TestForksOfAGoneWorkerAreDropped).
 func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
-	// A link down: no dial gets through, no probe gets an answer.
-	partition, holder, owner, lossy, rref, fork := ownerView(t)
-	noRoute := errors.New("no route to host")
-	partition.dialErr, partition.probe = noRoute, func() error { return noRoute }
-	partition.on.Store(true)
-	lossy.breakAll()
-	time.Sleep(500 * time.Millisecond) // the owner has seen the stream end and asked
+	network := transport.NewInmemNetwork()
+	view, holder, owner, rref, fork := ownerView(t, network)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before := view.dials.Load()
+	network.Partition(holder.Self().Addr, owner.Self().Addr)
+	// The owner asks again only after an answer that did not say the holder is gone: a second
+	// attempt shows the first was judged (or the forks went, which the check below catches).
+	waitUntil(ctx, t, "the owner tried the holder twice", func() bool { return view.dials.Load() >= before+2 || owner.OwnedRRefs() == 0 })
 	if n := owner.OwnedRRefs(); n != 1 {
 		t.Fatalf("owner keeps %d RRefs of a holder it cannot reach for now, want 1", n)
 	}
-	partition.on.Store(false)
+	network.Heal(holder.Self().Addr, owner.Self().Addr)
 	if err := holder.ReleaseFork(1, rref, fork); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the holder's release after the partition did not reach the owner")
-		}
-	}
+	waitUntil(ctx, t, "the holder's release after the partition reached the owner", func() bool { return owner.OwnedRRefs() == 0 })
 }
 
 // TestForksOfAWorkerWhoseListenerLingersAreDropped: a killed holder whose host still takes a
@@ -235,7 +206,8 @@ func TestAWorkerCutOffForAWhileKeepsItsForks(t *testing.T) {
 func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
 	// Killed a moment ago: no stream opens; its host takes the first probe's connection (the
 	// listening socket outlives the streams for a moment), then refuses.
-	dying, _, owner, lossy, _, _ := ownerView(t)
+	network := transport.NewInmemNetwork()
+	dying, holder, owner, _, _ := ownerView(t, network)
 	var probes atomic.Int32
 	dying.dialErr = errors.New("EOF during the handshake")
 	dying.probe = func() error {
@@ -245,7 +217,7 @@ func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
 		return nil
 	}
 	dying.on.Store(true)
-	lossy.breakAll()
+	network.Break(holder.Self().Addr, owner.Self().Addr)
 	for deadline := time.Now().Add(8 * time.Second); owner.OwnedRRefs() != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the owner kept the forks of a holder whose host refuses it")

@@ -1,9 +1,9 @@
 package rendezvous
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"runtime"
 	"testing"
 
@@ -32,7 +32,7 @@ func memberStores(t *testing.T, test func(t *testing.T, s MemberStore)) {
 
 func TestMembersJoinAndLeave(t *testing.T) {
 	memberStores(t, func(t *testing.T, s MemberStore) {
-		ctx := context.Background()
+		ctx := testctx.For(t)
 		a, err := s.JoinMembers(ctx, Member{Rank: 0, Name: "a", Value: []byte("ra")})
 		if err != nil || a.Version != 1 || len(a.Members) != 1 || a.Members[0].Epoch != 1 {
 			t.Fatalf("first join: %+v, %v", a, err)
@@ -78,7 +78,7 @@ func TestMembersJoinAndLeave(t *testing.T) {
 }
 
 func TestMemberStoreRefusesBadRequests(t *testing.T) {
-	ctx := context.Background()
+	ctx := testctx.For(t)
 	dynamic := NewMemStore(0)
 	for _, m := range []Member{
 		{Rank: -1, Name: "a"},

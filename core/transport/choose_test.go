@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"strings"
 	"testing"
 )
@@ -59,13 +60,13 @@ func TestChooserFallsBackAndSkipsWhatItCannotReach(t *testing.T) {
 			t.Fatal(err)
 		}
 		dialer := NewChooser(Choice{"first", refusing{reach: reach}}, Choice{"second", net.Transport()})
-		s, err := dialer.Dial(context.Background(), addr)
+		s, err := dialer.Dial(testctx.For(t), addr)
 		if err != nil {
 			t.Fatalf("reach=%v: %v, want a stream over the second transport", reach, err)
 		}
 		s.Close()
 	}
-	if _, err := NewChooser(Choice{"first", refusing{reach: false}}).Dial(context.Background(), "first=x"); err == nil || !strings.Contains(err.Error(), "no transport") {
+	if _, err := NewChooser(Choice{"first", refusing{reach: false}}).Dial(testctx.For(t), "first=x"); err == nil || !strings.Contains(err.Error(), "no transport") {
 		t.Fatalf("a dial nothing reaches: %v, want one saying no transport reaches it", err)
 	}
 }

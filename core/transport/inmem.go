@@ -2,22 +2,30 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
-// InmemNetwork connects in-memory transports to each other by address, for tests.
+// InmemNetwork connects in-memory transports to each other by address, for tests. A test can
+// inject faults into its traffic, as raft's in-memory transport and torch's faulty agent let
+// theirs: frames lost, delayed or held (so frames of the other lane overtake them, as the real
+// transports' lanes allow), and links cut ([InmemNetwork.Inject], [InmemNetwork.Partition]).
 type InmemNetwork struct {
 	mu        sync.Mutex
 	next      int
 	listeners map[string]*InmemTransport
+	faults    []*Injected
+	cut       map[[2]string]bool // unordered pairs of addresses, smaller first
 }
 
 // NewInmemNetwork returns an empty network.
 func NewInmemNetwork() *InmemNetwork {
-	return &InmemNetwork{listeners: map[string]*InmemTransport{}}
+	return &InmemNetwork{listeners: map[string]*InmemTransport{}, cut: map[[2]string]bool{}}
 }
 
 // Transport returns a new transport attached to the network.
@@ -25,7 +33,133 @@ func (n *InmemNetwork) Transport() *InmemTransport {
 	return &InmemTransport{net: n, streams: map[*inmemStream]struct{}{}}
 }
 
-// InmemTransport is a Transport whose streams are channels.
+// ErrUnreachable is what dials and probes across a cut link fail with: no answer, which is
+// not the same as a host saying nobody listens (ErrGone).
+var ErrUnreachable = errors.New("no route to host")
+
+// Fault is a rule on the frames an InmemNetwork carries.
+type Fault struct {
+	// From and To select frames sent by and to the transports listening at these addresses
+	// ("" matches any).
+	From, To string
+	// Match, if set, selects among those frames.
+	Match func(*wire.Frame) bool
+	// Drop loses each selected frame while its stream stays up, as a link does with what it
+	// carries just before its connection is seen to break.
+	Drop bool
+	// Delay holds each selected frame this long; later frames of its lane wait behind it (a
+	// lane keeps its order) while frames of the other lane go by.
+	Delay time.Duration
+	// Hold, if not nil, holds each selected frame until it is closed, as Delay does.
+	Hold <-chan struct{}
+}
+
+// Injected is a fault in force.
+type Injected struct {
+	Fault
+	net  *InmemNetwork
+	hits atomic.Int64
+}
+
+// Hits is the number of frames the fault has applied to.
+func (i *Injected) Hits() int64 { return i.hits.Load() }
+
+// Remove ends the fault for frames sent from now on.
+func (i *Injected) Remove() {
+	i.net.mu.Lock()
+	defer i.net.mu.Unlock()
+	for k, f := range i.net.faults {
+		if f == i {
+			i.net.faults = append(i.net.faults[:k], i.net.faults[k+1:]...)
+			return
+		}
+	}
+}
+
+// Inject puts f in force for frames sent from now on.
+func (n *InmemNetwork) Inject(f Fault) *Injected {
+	i := &Injected{Fault: f, net: n}
+	n.mu.Lock()
+	n.faults = append(n.faults, i)
+	n.mu.Unlock()
+	return i
+}
+
+// Partition cuts the link between the transports listening at a and b: the streams between
+// them break, and dials and probes from one to the other fail with ErrUnreachable until Heal.
+func (n *InmemNetwork) Partition(a, b string) {
+	n.mu.Lock()
+	n.cut[linkKey(a, b)] = true
+	n.mu.Unlock()
+	n.Break(a, b)
+}
+
+// Break ends the streams between the transports listening at a and b, as a reset connection
+// does; new ones can be opened at once.
+func (n *InmemNetwork) Break(a, b string) {
+	n.mu.Lock()
+	var broken []*inmemStream
+	for _, t := range n.listeners {
+		t.mu.Lock()
+		for s := range t.streams {
+			if linkKey(s.local, s.remote) == linkKey(a, b) {
+				broken = append(broken, s)
+			}
+		}
+		t.mu.Unlock()
+	}
+	n.mu.Unlock()
+	for _, s := range broken {
+		s.Close()
+	}
+}
+
+// Heal restores the link between a and b.
+func (n *InmemNetwork) Heal(a, b string) {
+	n.mu.Lock()
+	delete(n.cut, linkKey(a, b))
+	n.mu.Unlock()
+}
+
+func linkKey(a, b string) [2]string {
+	if b < a {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
+// route returns the listener at to, or an error if from cannot reach it.
+func (n *InmemNetwork) route(from, to string) (*InmemTransport, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cut[linkKey(from, to)] {
+		return nil, fmt.Errorf("%s: %w", to, ErrUnreachable)
+	}
+	if n.listeners[to] == nil {
+		return nil, fmt.Errorf("%s: %w", to, ErrGone)
+	}
+	return n.listeners[to], nil
+}
+
+// fate is what the faults in force do to f, sent from one address to another.
+func (n *InmemNetwork) fate(from, to string, f *wire.Frame) (drop bool, delay time.Duration, holds []<-chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, i := range n.faults {
+		if (i.From != "" && i.From != from) || (i.To != "" && i.To != to) || (i.Match != nil && !i.Match(f)) {
+			continue
+		}
+		i.hits.Add(1)
+		drop = drop || i.Drop
+		delay = max(delay, i.Delay)
+		if i.Hold != nil {
+			holds = append(holds, i.Hold)
+		}
+	}
+	return drop, delay, holds
+}
+
+// InmemTransport is a Transport whose streams are in-memory queues with two lanes.
 type InmemTransport struct {
 	net     *InmemNetwork
 	mu      sync.Mutex
@@ -53,16 +187,14 @@ func (t *InmemTransport) Dial(ctx context.Context, addr string) (Stream, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	t.net.mu.Lock()
-	remote := t.net.listeners[addr]
-	t.net.mu.Unlock()
-	if remote == nil {
-		return nil, fmt.Errorf("dial %s: connection refused", addr)
-	}
-	local, far := newInmemPipe()
 	t.mu.Lock()
-	far.from = t.addr
+	from := t.addr
 	t.mu.Unlock()
+	remote, err := t.net.route(from, addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %w", err)
+	}
+	local, far := newInmemPipe(t.net, from, addr)
 	if !t.track(local) {
 		return nil, ErrClosed
 	}
@@ -96,15 +228,17 @@ func (t *InmemTransport) Close() error {
 	return nil
 }
 
-// Probe implements Prober: an address nobody listens on is gone.
+// Probe implements Prober: an address nobody listens on is gone; one across a cut link gives
+// no telling.
 func (t *InmemTransport) Probe(ctx context.Context, addr string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	t.net.mu.Lock()
-	defer t.net.mu.Unlock()
-	if t.net.listeners[addr] == nil {
-		return fmt.Errorf("probe %s: %w", addr, ErrGone)
+	t.mu.Lock()
+	from := t.addr
+	t.mu.Unlock()
+	if _, err := t.net.route(from, addr); err != nil {
+		return fmt.Errorf("probe %w", err)
 	}
 	return nil
 }
@@ -125,54 +259,190 @@ func (t *InmemTransport) untrack(s *inmemStream) {
 	t.mu.Unlock()
 }
 
-// inmemPipeEnd is one direction of a pipe: a queue closed when either end closes.
+// inmemLaneDepth is how many frames a lane holds before Send waits, as a socket buffer does.
+const inmemLaneDepth = 64
+
+// inmemQueued is a frame in a lane and when it may be received.
+type inmemQueued struct {
+	f       *wire.Frame
+	readyAt time.Time
+	holds   []<-chan struct{}
+}
+
+// inmemPipeEnd is one direction of a pipe: two lanes (small frames, and Bulk ones), broken
+// when either end closes.
 type inmemPipeEnd struct {
-	ch     chan *wire.Frame
+	net      *InmemNetwork
+	from, to string
+
+	mu      sync.Mutex
+	lanes   [2][]inmemQueued
+	changed chan struct{} // closed and replaced whenever a lane changes
+	// firstIsSmall says the first frame sent was not Bulk: it is the first received (see
+	// Laned), and received says whether it has been.
+	firstIsSmall, sent, received bool
+
 	closed chan struct{}
 	once   sync.Once
 }
 
-type inmemStream struct {
-	in, out *inmemPipeEnd
-	from    string // on an accepted stream, the address the dialing transport listens on
+func newInmemPipeEnd(net *InmemNetwork, from, to string) *inmemPipeEnd {
+	return &inmemPipeEnd{net: net, from: from, to: to, changed: make(chan struct{}), closed: make(chan struct{})}
 }
 
-// Identity implements IdentifiedStream.
-func (s *inmemStream) Identity() PeerIdentity { return PeerIdentity{Addr: s.from} }
+// notify wakes every waiter on p's lanes; p.mu is held.
+func (p *inmemPipeEnd) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
 
-func newInmemPipe() (*inmemStream, *inmemStream) {
-	a := &inmemPipeEnd{ch: make(chan *wire.Frame, 64), closed: make(chan struct{})}
-	b := &inmemPipeEnd{ch: make(chan *wire.Frame, 64), closed: make(chan struct{})}
-	return &inmemStream{in: a, out: b}, &inmemStream{in: b, out: a}
+func lane(f *wire.Frame) int {
+	if Bulk(f) {
+		return 1
+	}
+	return 0
+}
+
+type inmemStream struct {
+	in, out       *inmemPipeEnd
+	local, remote string // the addresses of this end's transport and the other end's
+	accepted      bool
+}
+
+var (
+	_ Laned            = (*inmemStream)(nil)
+	_ IdentifiedStream = (*inmemStream)(nil)
+)
+
+// BulkLane implements Laned.
+func (s *inmemStream) BulkLane() {}
+
+// Identity implements IdentifiedStream: on an accepted stream, the address the dialing
+// transport listens on.
+func (s *inmemStream) Identity() PeerIdentity {
+	if !s.accepted {
+		return PeerIdentity{}
+	}
+	return PeerIdentity{Addr: s.remote}
+}
+
+func newInmemPipe(net *InmemNetwork, dialer, listener string) (dialed, accepted *inmemStream) {
+	toListener, toDialer := newInmemPipeEnd(net, dialer, listener), newInmemPipeEnd(net, listener, dialer)
+	return &inmemStream{in: toDialer, out: toListener, local: dialer, remote: listener},
+		&inmemStream{in: toListener, out: toDialer, local: listener, remote: dialer, accepted: true}
+}
+
+func (s *inmemStream) broken() bool {
+	select {
+	case <-s.in.closed:
+		return true
+	case <-s.out.closed:
+		return true
+	default:
+		return false
+	}
 }
 
 func (s *inmemStream) Send(f *wire.Frame) error {
-	select {
-	case <-s.out.closed:
-		return ErrClosed
-	case <-s.in.closed:
-		return ErrClosed
-	default:
+	p := s.out
+	drop, delay, holds := p.net.fate(p.from, p.to, f)
+	l := lane(f)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if s.broken() {
+			return ErrClosed
+		}
+		if len(p.lanes[l]) < inmemLaneDepth {
+			break
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		select {
+		case <-changed:
+		case <-s.in.closed:
+		case <-s.out.closed:
+		}
+		p.mu.Lock()
 	}
-	select {
-	case s.out.ch <- f:
+	if !p.sent {
+		p.sent, p.firstIsSmall = true, l == 0
+	}
+	if drop {
 		return nil
-	case <-s.out.closed:
-		return ErrClosed
-	case <-s.in.closed:
-		return ErrClosed
 	}
+	q := inmemQueued{f: f, readyAt: time.Now().Add(delay), holds: holds}
+	if n := len(p.lanes[l]); n > 0 && q.readyAt.Before(p.lanes[l][n-1].readyAt) {
+		q.readyAt = p.lanes[l][n-1].readyAt // a lane keeps its order
+	}
+	p.lanes[l] = append(p.lanes[l], q)
+	p.notify()
+	return nil
 }
 
 func (s *inmemStream) Recv() (*wire.Frame, error) {
-	select {
-	case f := <-s.in.ch:
-		return f, nil
-	case <-s.in.closed:
-		return nil, ErrClosed
-	case <-s.out.closed:
-		return nil, ErrClosed
+	p := s.in
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if s.broken() {
+			return nil, ErrClosed
+		}
+		wait := p.changed
+		var soonest time.Duration = -1
+		var hold [2]<-chan struct{}
+		for l := range p.lanes {
+			if len(p.lanes[l]) == 0 || (l == 1 && p.firstIsSmall && !p.received) {
+				continue
+			}
+			head := p.lanes[l][0]
+			if held := unreleased(&head); held != nil {
+				hold[l] = held
+				continue
+			}
+			if d := time.Until(head.readyAt); d > 0 {
+				if soonest < 0 || d < soonest {
+					soonest = d
+				}
+				continue
+			}
+			p.lanes[l] = p.lanes[l][1:]
+			p.received = true
+			p.notify()
+			return head.f, nil
+		}
+		p.mu.Unlock()
+		var timer *time.Timer
+		var ready <-chan time.Time
+		if soonest >= 0 {
+			timer = time.NewTimer(soonest)
+			ready = timer.C
+		}
+		select {
+		case <-wait:
+		case <-ready:
+		case <-hold[0]:
+		case <-hold[1]:
+		case <-s.in.closed:
+		case <-s.out.closed:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		p.mu.Lock()
 	}
+}
+
+// unreleased returns a hold on q that is not yet released, or nil.
+func unreleased(q *inmemQueued) <-chan struct{} {
+	for _, h := range q.holds {
+		select {
+		case <-h:
+		default:
+			return h
+		}
+	}
+	return nil
 }
 
 // Close breaks both directions, as a dropped connection does.

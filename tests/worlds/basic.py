@@ -228,7 +228,12 @@ def non_graceful(rank, world_size):
     """Non-graceful shutdown returns at once and fails this worker's pending calls."""
     init(rank, world_size)
     if rank == 1:
-        time.sleep(1)  # let worker0's slow call arrive; its thread is left to die with the process
+        # Leave only once worker0 has shut down (a call to it then fails), so that its pending
+        # call fails for its own shutdown, not for this worker leaving first.
+        deadline = time.monotonic() + 30
+        while error_of(lambda: rpc.rpc_sync("worker0", add, args=(1, 1), timeout=5)) is None:
+            assert time.monotonic() < deadline, "worker0 did not shut down within 30 s"
+            time.sleep(0.02)
         rpc.shutdown(graceful=False)
         return None
     fut = rpc.rpc_async("worker1", slow, args=(30,))

@@ -6,6 +6,7 @@ w0 holds an RRef owned by w1; w1 leaves, then joins again under its name and ran
 what each use of the RRef did (``report``, JSON) to SYNC_DIR.
 """
 
+import gc
 import json
 import os
 import sys
@@ -55,7 +56,8 @@ if RANK == 0:
     report["call_again"] = attempt(lambda: rpc.rpc_sync("w1", len, args=([1, 2],)))
     report["to_here_again"] = attempt(rref.to_here)
     del rref
-    time.sleep(0.2)
+    gc.collect()
+    # A release the drop sent w1 would go before this call on the ordered stream to it.
     report["owned_on_new_w1"] = rpc.rpc_sync("w1", owned_rrefs)
     with open(os.path.join(SYNC, "report"), "w") as f:
         json.dump(report, f)

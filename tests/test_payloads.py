@@ -43,10 +43,14 @@ def test_pickling_state_is_clean_after_an_error():
 
 def test_numpy_round_trips():
     out = run_world("payloads:numpy_round_trips", 2)[0].value
-    for name in [k for k in out if k.startswith(("dtype", "zero", "empty", "big", "fortran", "strided", "transposed", "reversed", "structured", "object"))]:
-        same, writable_back, writable_there = out[name]
-        assert same, name
-        assert writable_back and writable_there, f"{name} arrived read-only"
+    dtypes = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+              "float64", "complex64", "complex128", ">i4", "<M8[ns]", "m8[s]", "U7", "S3")
+    cases = [f"dtype-{d}" for d in dtypes] + ["zero-d", "empty", "empty-2d", "big", "fortran", "strided", "transposed",
+                                              "reversed", "structured", "object"]
+    counts = ["lent_while_held", "lent_after", "lent_here"]
+    assert sorted(out) == sorted(cases + counts), f"cases reported: {sorted(out)}"
+    assert [k for k in cases if not out[k][0]] == [], "these came back different"
+    assert [k for k in cases if not (out[k][1] and out[k][2])] == [], "these arrived read-only (back here, or there)"
     assert out["lent_while_held"] >= 1, "a received 8 MiB array was not lent in place"
     assert out["lent_after"] == 0 and out["lent_here"] == 0, "lent memory was not handed back"
 

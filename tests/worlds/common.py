@@ -20,9 +20,31 @@ def whoami():
     return rpc.get_worker_info().name
 
 
-def slow(seconds):
-    time.sleep(seconds)
+_sleeping_lock = threading.Lock()
+_sleeping = 0
+
+
+def _sleep_counted(seconds):
+    """Sleep, counted in ``sleeping_now()`` meanwhile."""
+    global _sleeping
+    with _sleeping_lock:
+        _sleeping += 1
+    try:
+        time.sleep(seconds)
+    finally:
+        with _sleeping_lock:
+            _sleeping -= 1
     return seconds
+
+
+def sleeping_now():
+    """How many calls of ``slow`` and ``Sleeper.sleep`` this process is running."""
+    with _sleeping_lock:
+        return _sleeping
+
+
+def slow(seconds):
+    return _sleep_counted(seconds)
 
 
 def raise_value_error(message):
@@ -134,5 +156,4 @@ class Sleeper:
     """A value whose method blocks, for proxy calls left pending."""
 
     def sleep(self, seconds):
-        time.sleep(seconds)
-        return seconds
+        return _sleep_counted(seconds)

@@ -6,7 +6,7 @@ import time
 
 import tensorplay_rpc as rpc
 
-from .common import Sleeper, add, init, options, set_done, shm_mappings, slow, wait_done, wait_for_file
+from .common import Sleeper, add, init, options, set_done, shm_mappings, sleeping_now, slow, wait_done, wait_for_file
 
 
 def try_init(rank, world_size, name=None, rank_override=None, rpc_timeout="3"):
@@ -66,9 +66,13 @@ def peer_dies(rank, world_size, ready_file):
         threads = [threading.Thread(target=run_blocked, args=item) for item in blocked.items()]
         for t in threads:
             t.start()
-        rpc.rpc_sync("worker1", add, args=(1, 1))  # the slow calls are in worker1's hands now
+        # Every call is running on worker1 (3 futures, and one call per blocked thread) before
+        # worker1 is killed.
+        deadline = time.monotonic() + 30
+        while rpc.rpc_sync("worker1", sleeping_now) < len(futs) + len(blocked):
+            assert time.monotonic() < deadline, "the blocked calls never all ran on worker1"
+            time.sleep(0.02)
         rpc.rpc_sync("worker2", add, args=(1, 1))
-        time.sleep(0.3)
         out["mapped_while_calling"] = shm_mappings()
         with open(ready_file, "w") as f:
             f.write("ready")

@@ -2,6 +2,7 @@
 
 import gc
 import time
+import warnings
 
 import numpy as np
 
@@ -157,8 +158,12 @@ def self_calls(rank, world_size):
     # The timed-out call's array is garbage now; new arrays take its memory.
     scribble = [np.full(n, 9, dtype=np.uint8) for _ in range(4)]
     busy.wait()
-    time.sleep(0.1)
-    out["late_sum"] = rpc.rpc_sync("worker0", last_sum)
+    # The late call's handler records its sum when it runs, after the sleep's.
+    deadline = time.monotonic() + 30
+    while (late_sum := rpc.rpc_sync("worker0", last_sum)) == out["sum"]:
+        assert time.monotonic() < deadline, "the late call's handler never ran"
+        time.sleep(0.02)
+    out["late_sum"] = late_sum
     del scribble
     # A big result the handler lets go of as soon as it has replied.
     out["result_sum"] = int(rpc.rpc_sync("worker0", make_filled, args=(n, 5)).sum())
@@ -169,6 +174,9 @@ def self_calls(rank, world_size):
 def torch_round_trips(rank, world_size):
     import torch
 
+    # torch.frombuffer only warns over read-only memory and hands back a tensor that looks
+    # writable: made an error here, a received tensor over read-only memory fails its call.
+    warnings.filterwarnings("error", message="The given buffer is not writable")
     init(rank, world_size)
     out = {}
     if rank == 0:

@@ -96,13 +96,25 @@ def test_seed_example_runs_as_main(tmp_path):
     assert results[0].output.split() == ["7", "42", "15", "abcd"]
 
 
+def test_exception_classes_defined_in_main_reach_the_caller_as_themselves():
+    results = run_world("scripts", 2, script="scripts/main_exception.py")
+    assert results[0].output.split("\n")[:2] == ["MainError True True True", "CodedError True True True"], results[0].output
+
+
 def test_errors_that_cannot_travel_as_themselves(tmp_path):
     (tmp_path / "only_on_the_caller.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "callee").mkdir()
+    (tmp_path / "callee" / "only_on_the_callee.py").write_text("class Thing:\n    pass\n")
     out = run_world("faults:call_errors", 2, args=[str(tmp_path)])[0].value
-    kind, msg = out["unpicklable_exception"]
+    kind, msg, _ = out["unpicklable_exception"]
     assert "_Unpicklable" in kind + msg and "holding a lock" in msg and "Traceback" in msg
-    kind, msg = out["unpicklable_result"]
+    kind, msg, _ = out["unpicklable_result"]
     assert kind == "RuntimeError" and "TypeError: cannot pickle" in msg and "lock" in msg
-    kind, msg = out["unknown_module"]
+    kind, msg, _ = out["unknown_module"]
     assert kind == "ModuleNotFoundError" and "only_on_the_caller" in msg
+    # A result that pickles on the callee but cannot be unpickled here fails the call here.
+    for case in ("result_unloadable_here", "result_unloadable_here_async"):
+        kind, msg, notes = out[case]
+        assert kind == "ModuleNotFoundError" and "only_on_the_callee" in msg, out[case]
+        assert notes == ["(raised here unpickling the result sent by worker worker1)"], out[case]
     assert out["still_serving"] == 3

@@ -213,17 +213,21 @@ def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):
         assert 'worker "worker0" is gone' in r.output, r.output
 
 
-def test_a_world_with_a_token(world):
-    results = run_world("faults:token_world", 2, env={"TENSORPLAY_RPC_TOKEN": "s3cret"})
+@pytest.mark.parametrize("given_as", ["env", "option"])
+def test_a_world_with_a_token(world, given_as):
+    results = run_world("faults:token_world", 2, args=[given_as], env={"WORLD_TOKEN": "s3cret"})
     assert [r.value for r in results] == [("joined", 1), ("joined", 2)]
 
 
-def test_a_worker_with_a_wrong_token_is_refused(world, tmp_path):
-    ok = world("faults:token_world", 2, ranks=[0], env={"TENSORPLAY_RPC_TOKEN": "s3cret"})
-    stranger = world("faults:token_world", 2, ranks=[1], env={"TENSORPLAY_RPC_TOKEN": "wrong", "MASTER_PORT": str(ok.port)})
+@pytest.mark.parametrize("given_as", ["env", "option"])
+def test_a_worker_with_a_wrong_token_is_refused_and_logged(world, given_as):
+    ok = world("faults:token_world", 2, ranks=[0], args=[given_as], env={"WORLD_TOKEN": "s3cret"})
+    stranger = world("faults:token_world", 2, ranks=[1], args=[given_as], env={"WORLD_TOKEN": "wrong", "MASTER_PORT": str(ok.port)})
     verdict, message = stranger.finish(timeout=30)[0].value
-    assert verdict == "refused" and "token" in message
-    assert ok.finish(timeout=30)[0].value[0] == "refused"  # its world never formed
+    assert verdict == "refused" and "token" in message, message
+    host = ok.finish(timeout=30)[0]
+    assert host.value[0] == "refused", host.value  # its world never formed
+    assert "refused connections without the world's token from=127.0.0.1" in host.output, host.output
 
 
 def _throwaway_ca(directory):

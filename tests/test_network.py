@@ -76,3 +76,31 @@ def test_a_cut_link_fails_calls_within_the_bound_and_heals(two_hosts, tmp_path, 
     # RRefs owned across the cut were neither freed early (both still resolve) nor leaked.
     assert out["theirs_after"] == 42 and out["held_after"] == 2, out
     assert out["owned_here"] == (0, 0) and out["owned_there"] == (0, 0), out
+
+
+def _listening_addresses(ns: str, pid: int) -> list:
+    """The local addresses of the TCP sockets process pid listens on, in namespace ns."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnpH"], check=True, capture_output=True, text=True, timeout=30).stdout
+    return sorted(line.split()[3] for line in out.splitlines() if f"pid={pid}," in line)
+
+
+@pytest.mark.timeout(120)
+def test_workers_listen_only_on_the_interface_that_routes_to_the_master(two_hosts, tmp_path, world):
+    ns_a = two_hosts["a"]
+    # Another interface in the namespace, which the worker must not listen on.
+    _ip("-n", ns_a, "link", "add", "other0", "type", "veth", "peer", "name", "other1")
+    _ip("-n", ns_a, "addr", "add", "10.88.0.1/24", "dev", "other0")
+    _ip("-n", ns_a, "link", "set", "other0", "up")
+    ready, done = str(tmp_path / "ready"), str(tmp_path / "done")
+    w = world("network:listen_and_wait", 1, args=[ready, done], env={"MASTER_ADDR": "10.77.0.1"},
+              launch_prefix={0: ["ip", "netns", "exec", ns_a]})
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(ready), "the worker never joined"
+    addresses = _listening_addresses(ns_a, w.procs[0].pid)
+    open(done, "w").close()
+    results = w.finish(timeout=60)
+    assert results[0].returncode == 0, results[0].output
+    # The store (rank 0 hosts it) and the worker, both on the address that routes to MASTER_ADDR.
+    assert addresses and all(a.startswith("10.77.0.1:") for a in addresses), addresses

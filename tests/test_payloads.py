@@ -34,6 +34,14 @@ def test_small_payloads_stay_in_the_pickle():
     assert len(segments) == 1
 
 
+@pytest.mark.parametrize("make", [bytes, bytearray, lambda n: np.zeros(n, dtype=np.uint8)], ids=["bytes", "bytearray", "numpy"])
+def test_buffers_from_1_kib_go_beside_the_pickle(make):
+    under, _ = serialize([make(1023)])
+    at, _ = serialize([make(1024)])
+    assert len(under) == 1, "a 1023-byte buffer left the pickle"
+    assert len(at) > 1 and 1024 in [memoryview(s).nbytes for s in at[1:]], "a 1024-byte buffer stayed in the pickle"
+
+
 def test_pickling_state_is_clean_after_an_error():
     with pytest.raises(TypeError):
         serialize(__import__("threading").Lock())
@@ -83,9 +91,26 @@ def test_torch_round_trips():
 
 
 @pytest.mark.timeout(360)
-def test_a_one_gib_call():
-    out = run_world("payloads:one_gib", 2, timeout=300)[0].value
-    assert out["seen"] == ("ndarray", "uint64", (1 << 27,), True, out["expected"])
+def test_a_call_over_two_gib():
+    out = run_world("payloads:over_two_gib", 2, timeout=300)[0].value
+    dtype, size, writable, mismatched_blocks = out["seen"]
+    assert (dtype, size, writable) == ("uint64", out["sent"], True)
+    assert mismatched_blocks == [], "these blocks arrived different (first element index of each)"
+
+
+def test_big_arguments_are_sent_in_place_and_big_messages_take_turns():
+    out = run_world("payloads:in_place_and_turns", 2)[0].value
+    assert out["sent"] == 256 << 20
+    # A copy at the boundary would add 256 MiB (262144 KiB) to the peak.
+    assert out["peak_growth_kib"] < 64 << 10, f"the caller's peak RSS grew by {out['peak_growth_kib']} KiB sending 256 MiB"
+    assert out["completed_in_order"] == ["8 MiB", "48 MiB"], "the 8 MiB call waited for the whole 48 MiB one"
+
+
+def test_the_default_size_limit_is_4_gib():
+    results = run_world("payloads:default_size_limit", 2)
+    assert [r.value["default"] for r in results] == [4 << 30, 4 << 30]
+    over = results[0].value["over"]
+    assert "over the 4294967296-byte limit" in over and "nothing was sent" in over and '"worker1"' in over, over
 
 
 def test_size_limits_refuse_cleanly():

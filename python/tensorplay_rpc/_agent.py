@@ -271,7 +271,11 @@ class _CallFuture(Future[Any]):
         if not pickled:
             return self._function_outcome(go_call, status, payload, buffers)
         if status == _go.StatusOK:
-            return deserialize(payload, buffers), None
+            try:
+                return deserialize(payload, buffers), None
+            except Exception as err:  # its own type and text, and where it came from
+                err.add_note(f"(raised here unpickling the result sent by worker {self._dest})")
+                raise
         self.timed_out = status == _go.StatusTimeout
         if status == _go.StatusRemoteError:
             try:

@@ -386,6 +386,14 @@ class RemoteException:
                 return exc_type(message)
             except Exception:
                 pass
+            # A class whose __init__ wants more than a message (torch then raises the
+            # constructor's TypeError): made without its __init__, so `except` still matches it.
+            try:
+                exc = exc_type.__new__(exc_type, message)
+                BaseException.__init__(exc, message)
+                return exc
+            except Exception:
+                pass
         return RuntimeError(f"{self.type_name}: {self.message}")
 
 

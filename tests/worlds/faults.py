@@ -188,10 +188,14 @@ def store_host_dies(rank, world_size, ready_dir):
     return got, time.monotonic() - start
 
 
-def token_world(rank, world_size):
-    """Joins with TENSORPLAY_RPC_TOKEN from the environment (the test sets it per rank)."""
+def token_world(rank, world_size, given_as):
+    """Joins with the token the test set in WORLD_TOKEN, given as TENSORPLAY_RPC_TOKEN
+    (given_as "env") or as TensorPipeRpcBackendOptions(token=...) ("option")."""
+    token = os.environ["WORLD_TOKEN"]
+    if given_as == "env":
+        os.environ["TENSORPLAY_RPC_TOKEN"] = token
     try:
-        init(rank, world_size, rpc_timeout=3)
+        init(rank, world_size, rpc_timeout=3, **({"token": token} if given_as == "option" else {}))
     except RuntimeError as exc:
         return "refused", str(exc)
     got = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 1))
@@ -215,6 +219,15 @@ def return_unpicklable():
     return __import__("threading").Lock()
 
 
+def return_from_a_module_only_here(module_dir):
+    """Return a value whose class lives in a module only this worker can import."""
+    import importlib
+    import sys as _sys
+
+    _sys.path.insert(0, module_dir)
+    return importlib.import_module("only_on_the_callee").Thing()
+
+
 def call_errors(rank, world_size, module_dir):
     """Errors that must reach the caller while the callee keeps serving."""
     init(rank, world_size)
@@ -229,13 +242,15 @@ def call_errors(rank, world_size, module_dir):
             "unpicklable_exception": lambda: rpc.rpc_sync("worker1", raise_unpicklable),
             "unpicklable_result": lambda: rpc.rpc_sync("worker1", return_unpicklable),
             "unknown_module": lambda: rpc.rpc_sync("worker1", only_here.double, args=(2,)),
+            "result_unloadable_here": lambda: rpc.rpc_sync("worker1", return_from_a_module_only_here, args=(module_dir + "/callee",)),
+            "result_unloadable_here_async": lambda: rpc.rpc_async("worker1", return_from_a_module_only_here, args=(module_dir + "/callee",)).wait(),
         }
         for name, fn in cases.items():
             try:
                 fn()
                 out[name] = None
             except Exception as exc:
-                out[name] = (type(exc).__name__, str(exc))
+                out[name] = (type(exc).__name__, str(exc), getattr(exc, "__notes__", []))
         out["still_serving"] = rpc.rpc_sync("worker1", add, args=(1, 2))
     rpc.shutdown()
     return out

@@ -83,3 +83,12 @@ def link_cut(rank, world_size, ready_file, cut_file, healed_file):
         wait_done(180)
     rpc.shutdown()
     return out
+
+
+def listen_and_wait(rank, world_size, ready_file, done_file):
+    """Join, tell the test (which then looks at this process's sockets), and leave once told."""
+    init(rank, world_size)
+    with open(ready_file, "w") as f:
+        f.write("listening")
+    wait_for_file(done_file, 60)
+    rpc.shutdown()

@@ -204,13 +204,87 @@ def torch_round_trips(rank, world_size):
     return out
 
 
-def one_gib(rank, world_size):
+def arange_mismatches(x, block=64 << 20):
+    """Runs on the callee: whether x is np.arange(len(x)) as uint64, checked in full, block by
+    block (a chunk lost, repeated or misplaced anywhere shows): (dtype, length, writable, the
+    first element index of each block that differs)."""
+    bad = []
+    per_block = block // 8
+    for start in range(0, x.size, per_block):
+        end = min(x.size, start + per_block)
+        if not np.array_equal(x[start:end], np.arange(start, end, dtype=np.uint64)):
+            bad.append(start)
+    return str(x.dtype), x.size, x.flags.writeable, bad
+
+
+def peak_rss_kib():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def nbytes(x):
+    return x.nbytes
+
+
+def in_place_and_turns(rank, world_size):
+    """A 256 MiB argument is sent from its own memory: the caller's peak RSS does not grow by
+    a copy of it. Big calls within the interleave window (64 MiB) take turns: an 8 MiB call
+    made just after a 48 MiB one to the same worker completes first."""
     init(rank, world_size)
     out = {}
     if rank == 0:
-        arr = np.arange(1 << 27, dtype=np.uint64)  # 1 GiB
-        out["seen"] = rpc.rpc_sync("worker1", describe, args=(arr,), timeout=300)
-        out["expected"] = _checksum(arr)
+        big = np.ones(256 << 20, dtype=np.uint8)  # written: its pages count in the RSS already
+        before = peak_rss_kib()
+        out["sent"] = rpc.rpc_sync("worker1", nbytes, args=(big,))
+        out["peak_growth_kib"] = peak_rss_kib() - before
+        order = []
+        lock = __import__("threading").Lock()
+
+        def done(name):
+            def record(_):
+                with lock:
+                    order.append(name)
+            return record
+
+        first = rpc.rpc_async("worker1", nbytes, args=(big[: 48 << 20],))
+        first.add_done_callback(done("48 MiB"))
+        second = rpc.rpc_async("worker1", nbytes, args=(np.ones(8 << 20, dtype=np.uint8),))
+        second.add_done_callback(done("8 MiB"))
+        first.wait()
+        second.wait()
+        deadline = time.monotonic() + 10
+        while len(order) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # callbacks run on the agent's thread
+        out["completed_in_order"] = list(order)
+    rpc.shutdown()
+    return out
+
+
+def over_two_gib(rank, world_size):
+    """A call of 2 GiB + 4 KiB (past the sizes a 32-bit length can hold), checked in full."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        arr = np.arange(((2 << 30) + 4096) // 8, dtype=np.uint64)
+        out["seen"] = rpc.rpc_sync("worker1", arange_mismatches, args=(arr,), timeout=300)
+        out["sent"] = arr.size
+    rpc.shutdown()
+    return out
+
+
+def default_size_limit(rank, world_size):
+    """With no max_message_size set, a call of 4 GiB + 1 byte is refused before it is sent (its
+    array is never written, so it costs no memory)."""
+    init(rank, world_size)
+    out = {"default": rpc.TensorPipeRpcBackendOptions().max_message_size}
+    if rank == 0:
+        limit = 4 << 30
+        try:
+            rpc.rpc_sync("worker1", len, args=(np.zeros(limit + 1, dtype=np.uint8),))
+            out["over"] = None
+        except RuntimeError as exc:
+            out["over"] = str(exc)
     rpc.shutdown()
     return out
 

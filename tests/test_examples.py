@@ -43,5 +43,7 @@ def test_an_example_gives_what_torch_gives(name: str) -> None:
     elif name == "rl_observers.py":
         assert len(ours["episode_rewards"]) == 5 and len(ours["weights"]) == 8, ours
     else:
-        assert ours["largest_gap_to_local_forward"] == 0.0
+        # The same model run locally, up to rounding: which BLAS the machine has (Debian's
+        # reference one, or OpenBLAS once installed) changes the last bits of a batch split in two.
+        assert ours["largest_gap_to_local_forward"] < 1e-12, ours
         assert len(ours["losses"]) == 4 and ours["losses"][-1] < ours["losses"][0], ours

@@ -20,7 +20,7 @@ def main_thread_waits_in_futex(pid: int) -> bool:
         return f.read().split()[0] == str(FUTEX)
 
 
-@pytest.mark.parametrize("what", ["rpc_sync", "wait", "to_here", "init", "shutdown"])
+@pytest.mark.parametrize("what", ["rpc_sync", "wait", "wait_torch_future", "to_here", "init", "shutdown"])
 def test_sigint_interrupts_a_blocked_call(world, tmp_path, what):
     ready, report = tmp_path / "ready", tmp_path / "report"
     w = world("interrupts:blocked", 2, ranks=[0] if what == "init" else [0, 1], args=[what, str(ready), str(report)])

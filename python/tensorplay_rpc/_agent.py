@@ -25,7 +25,7 @@ from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
 from .functions import Deferred, run_function
-from .futures import Future, wait_all
+from .futures import Future, is_torch_future, wait_all
 from .internal import FrameworkError, RemoteException, exception_text, deserialize, serialize
 from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
@@ -66,7 +66,7 @@ atexit.register(forward_go_logs)  # what is logged after the last drain (shutdow
 
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
-_IDLE_WAIT_MS = 2000
+_IDLE_WAIT_MS = 30_000
 
 # Message kinds: the first item of every Python-level request.
 _CALL = "call"  # (_CALL, func, args, kwargs): run func, reply with its result
@@ -192,10 +192,18 @@ class _CallFuture(Future[Any]):
     def _attach(self, go_call: Any, table: Optional[SegmentTable]) -> None:
         """Hold the Go call (and the buffers it borrows) until the reply is settled."""
         self._go_call, self._table = go_call, table
+        if is_torch_future(self):
+            # torch's functions wait on the torch state, which only settling fills: the event
+            # thread settles the call even if no Python thread waits for it here.
+            self._notify_when_done()
 
     def add_done_callback(self, callback: Callable[[Future[Any]], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
         super().add_done_callback(callback)
+        self._notify_when_done()
+
+    def _notify_when_done(self) -> None:
+        """Have the event thread settle the call once it completes."""
         with self._settle_lock:
             go_call = self._go_call
             if go_call is None or self._notify_id:
@@ -298,6 +306,13 @@ class _CallFuture(Future[Any]):
     def _call_error(self, go_call: Any, status: int) -> RuntimeError:
         text = _CALL_ERRORS.get(status, "{message}")
         return RuntimeError(text.format(dest=self._dest, timeout_ms=self._timeout_ms, message=go_call.ErrorMessage()))
+
+
+class _InternalCallFuture(_CallFuture):
+    """The future of a call whose outcome this library takes itself (rpc_sync, remote's
+    creation): never a torch one."""
+
+    _internal = True
 
 
 # What a failed call raises, by Go status (pybind's Status*; OK and RemoteError are handled
@@ -536,7 +551,7 @@ class TensorPipeAgent(RpcAgent):
     def rpc_sync(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Any:
         """Run ``call`` on worker ``dest`` and return its result. The reply is collected by
         this thread, not the event thread: one hand-off fewer."""
-        return self._send(dest, (_CALL, *call), timeout).wait()
+        return self._send(dest, (_CALL, *call), timeout, internal=True).wait()
 
     def remote(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Tuple[Id, Id, _CallFuture]:
         """Run ``call`` on worker ``dest`` and keep the result there as an RRef. Returns the
@@ -545,7 +560,7 @@ class TensorPipeAgent(RpcAgent):
         rref_id, fork_id = self.new_id(), self.new_id()
         self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
         try:
-            creation = self._send(dest, (_REMOTE, rref_id, *call), timeout, prefixed=False)
+            creation = self._send(dest, (_REMOTE, rref_id, *call), timeout, prefixed=False, internal=True)
         except BaseException:
             self.release_fork(dest.id, rref_id, fork_id)  # no RRef object will hold it
             raise
@@ -558,7 +573,7 @@ class TensorPipeAgent(RpcAgent):
         segments = crosslang.encode_remote(rref_id, fn, args, kwargs)
         self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
         try:
-            fut = _CallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
+            fut = _InternalCallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
             creation = self._call(dest, _go.RemoteMethod, segments, fut)
         except BaseException:
             self.release_fork(dest.id, rref_id, fork_id)
@@ -569,21 +584,23 @@ class TensorPipeAgent(RpcAgent):
         """The future of a copy of the value of RRef ``rref_id``, from its owner; ``function``
         names the function that made it if it was made by name (kept in msgpack)."""
         if function is None:
-            return self._send(owner, (_FETCH, rref_id), timeout, prefixed=False)
-        fut = _CallFuture(self, owner.name, self._timeout(timeout), prefixed=False, function=function)
+            return self._send(owner, (_FETCH, rref_id), timeout, prefixed=False, internal=True)
+        fut = _InternalCallFuture(self, owner.name, self._timeout(timeout), prefixed=False, function=function)
         return self._call(owner, _go.FetchMethod, crosslang.pack(list(rref_id), "an RRef id"), fut)
 
-    def _send(self, dest: WorkerInfo, message: Any, timeout: float, prefixed: bool = True) -> "_CallFuture":
+    def _send(self, dest: WorkerInfo, message: Any, timeout: float, prefixed: bool = True, internal: bool = False) -> "_CallFuture":
         """Send a Python-level message and return the future of its reply.
 
         ``timeout`` is in seconds: negative means the agent's rpc_timeout, 0 none. ``prefixed``:
-        see RemoteException.to_exception (False for what to_here() raises).
+        see RemoteException.to_exception (False for what to_here() raises). ``internal``: the
+        future is not handed to user code (never a torch one).
         """
         segments, context = serialize(message)
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
-        return self._call(dest, _go.PyMethod, segments, _CallFuture(self, dest.name, self._timeout(timeout), prefixed))
+        future_class = _InternalCallFuture if internal else _CallFuture
+        return self._call(dest, _go.PyMethod, segments, future_class(self, dest.name, self._timeout(timeout), prefixed))
 
     def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float) -> Future[Any]:
         """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, Set, Tuple
 
-from .futures import Future
+from .futures import Future, InternalFuture
 
 Id = Tuple[int, int]  # an RRef or fork id: (creator worker id, local number)
 
@@ -30,7 +30,7 @@ class OwnerTable:
         with self._lock:
             fut = self._slots.get(rref_id)
             if fut is None:
-                fut = self._slots[rref_id] = Future()
+                fut = self._slots[rref_id] = InternalFuture()
             return fut
 
     def creation_slot(self, rref_id: Id) -> Future[Any]:
@@ -39,11 +39,11 @@ class OwnerTable:
         with self._lock:
             if rref_id in self._dropped:
                 self._dropped.discard(rref_id)
-                return Future()
+                return InternalFuture()
             self._created.add(rref_id)
             fut = self._slots.get(rref_id)
             if fut is None:
-                fut = self._slots[rref_id] = Future()
+                fut = self._slots[rref_id] = InternalFuture()
             return fut
 
     def drop(self, rref_id: Id) -> None:

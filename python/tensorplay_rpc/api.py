@@ -18,7 +18,7 @@ from ._agent import TensorPipeAgent, collect_for_wait_all, current_agent, curren
 from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
 from .crosslang import RemoteFunction
 from .backend_registry import BackendType
-from .futures import Future
+from .futures import Future, use_torch_futures
 from .options import RpcBackendOptions
 from .rref import RRef, remote_function_rref, remote_rref
 from .worker_info import WorkerInfo
@@ -185,6 +185,7 @@ def init_rpc(
     with _init_lock:
         if current_agent() is not None:
             raise RuntimeError("RPC is already initialized")
+        use_torch_futures()  # a program that uses torch gets torch futures from here on
         store, rank, world_size = _rendezvous_args(rpc_backend_options.init_method, rank, world_size)
         agent = backend_registry.init_backend(
             backend, store=store, name=name, rank=rank, world_size=world_size, rpc_backend_options=rpc_backend_options

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Dict, Tuple, TypeVar
 
-from .futures import Future
+from .futures import Future, adopt, is_future
 from .internal import FrameworkError
 
 __all__ = ["Deferred", "async_execution", "is_async_execution", "run_function"]
@@ -58,9 +58,9 @@ def run_function(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str
     result = fn(*args, **kwargs)
     if not is_async_execution(fn):
         return result
-    if not isinstance(result, Future):
+    if not is_future(result):
         raise FrameworkError(
             "Functions decorated with @rpc.async_function must return a tensorplay_rpc.Future object, "
             f"but got {type(result).__module__}.{type(result).__qualname__}"
         )
-    return Deferred(result)
+    return Deferred(adopt(result))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import importlib
 import logging
+import sys
 import threading
-from typing import Any, Callable, Generator, Generic, List, NoReturn, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generator, Generic, List, NoReturn, Optional, Tuple, TypeVar
 
 from .constants import WAIT_SLICE_S
 from .internal import exception_text
@@ -17,12 +20,82 @@ S = TypeVar("S")
 logger = logging.getLogger(__name__)
 
 
+# torch.futures.Future once init_rpc has seen the program use torch (use_torch_futures): the
+# futures handed to user code are then instances of it as well, so torch.futures.wait_all,
+# collect_all and isinstance checks take them.
+_torch_future: Any = None  # the class, typed loosely: torch is optional
+_torch_flavours: Dict[type, type] = {}
+
+
+def use_torch_futures() -> None:
+    """If the program has imported torch, make the futures handed to user code from now on
+    ``torch.futures.Future`` instances too (a program that never imports torch does not pay
+    for importing it)."""
+    global _torch_future
+    if "torch" in sys.modules and _torch_future is None:
+        _torch_future = importlib.import_module("torch.futures").Future
+
+
+def _torch_flavour(cls: type, torch_future: Any) -> type:
+    """``cls`` with ``torch_future`` as a further base: this module's methods first, and
+    completion mirrored into the torch future's state, which torch's functions read."""
+    flavour = _torch_flavours.get(cls)
+    if flavour is None:
+        c_future: Any = torch_future.__mro__[1]  # torch._C.Future, whose methods read that state
+        ours: Any = cls
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            c_future.__init__(self, [])
+            ours.__init__(self, *args, **kwargs)
+
+        def _mirror(self: Any, result: Any, exception: Optional[BaseException]) -> None:
+            if exception is None:
+                c_future.set_result(self, result)
+            else:  # as torch's own set_exception: the error is a value its waits raise
+                c_future._set_unwrap_func(self, _raise)
+                c_future.set_result(self, _without_traceback(exception))
+
+        flavour = type(cls.__name__, (cls, torch_future), {
+            "__init__": __init__, "_mirror": _mirror, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        })
+        _torch_flavours[cls] = flavour
+    return flavour
+
+
+def _raise(exception: BaseException) -> NoReturn:
+    raise exception
+
+
+def _without_traceback(exception: BaseException) -> BaseException:
+    """What torch's state holds of a failure: the exception without its traceback, whose
+    frames may hold the future itself in a cycle through C++ that Python's GC cannot see."""
+    if exception.__traceback__ is None:
+        return exception
+    try:
+        return copy.copy(exception)  # args and attributes; no traceback, cause or context
+    except Exception:
+        return exception
+
+
 class Future(Generic[T]):
     """A value, or an exception, that will be available later.
 
     Callbacks added with :meth:`then` or :meth:`add_done_callback` run in the order they were
     added, on the thread that completes the future (or at once if it is already complete).
+    Once ``init_rpc`` has seen the program use torch, futures are ``torch.futures.Future``
+    instances too.
     """
+
+    # Futures never handed to user code stay plain: their values need no copy in torch's state.
+    _internal = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Future[T]":
+        torch_future = _torch_future
+        if torch_future is None or cls._internal:
+            return super().__new__(cls)
+        flavour = cls if issubclass(cls, torch_future) else _torch_flavour(cls, torch_future)
+        future: Future[T] = torch_future.__new__(flavour)
+        return future
 
     def __init__(self, *, devices: Optional[List[Any]] = None) -> None:
         if devices:
@@ -178,9 +251,13 @@ class Future(Generic[T]):
             self._done = True
             callbacks, self._callbacks = self._callbacks, []
             self._cond.notify_all()
+        self._mirror(result, exception)
         for callback in callbacks:
             self._run_callback(callback)
         return True
+
+    def _mirror(self, result: Any, exception: Optional[BaseException]) -> None:
+        """Copy the outcome into torch's state (a future that is a torch one too)."""
 
     def _run_callback(self, callback: Callable[["Future[T]"], None]) -> None:
         # Any exception, SystemExit and KeyboardInterrupt too: the other callbacks still run,
@@ -199,6 +276,43 @@ class Future(Generic[T]):
         return f"<tensorplay_rpc.Future {state}>"
 
 
+class InternalFuture(Future[T]):
+    """A future this library keeps to itself: never a torch one."""
+
+    _internal = True
+
+
+def adopt(future: Any) -> Future[Any]:
+    """``future`` as one of this module's: itself, or one completed with a torch future's
+    outcome (a torch.futures.Future that user code made)."""
+    if isinstance(future, Future):
+        return future
+    adopted: Future[Any] = Future()
+
+    def settle(done: Any) -> None:
+        try:
+            adopted._complete(done.wait(), None)
+        except BaseException as exc:  # the torch future failed: so does this one
+            adopted._complete(None, exc)
+
+    future.add_done_callback(settle)
+    return adopted
+
+
+def is_torch_future(value: Any) -> bool:
+    """Whether ``value`` is a torch future (one of ours made so by use_torch_futures, or
+    torch's own)."""
+    return _torch_future is not None and isinstance(value, _torch_future.__mro__[1])
+
+
+def is_future(value: Any) -> bool:
+    """Whether ``value`` is one of this module's futures or a torch future."""
+    if isinstance(value, Future):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch._C.Future)
+
+
 def _check_callable(method: str, callback: Any) -> None:
     """Refuse a callback that cannot be called at once, as torch does, not when it would run."""
     if not callable(callback):
@@ -208,6 +322,8 @@ def _check_callable(method: str, callback: Any) -> None:
 def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
     """A future that completes once all of ``futures`` have: with their list, or, as torch's,
     with the error of the first of them (in list order) that failed."""
+    given = list(futures)
+    futures = [adopt(f) for f in given]
     combined: Future[List[Future[Any]]] = Future()
     combined._sources = tuple(futures)
     remaining = [len(futures)]
@@ -226,7 +342,7 @@ def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
         if failed is not None:
             combined.set_exception(failed)
         else:
-            combined.set_result(list(futures))
+            combined.set_result(given)
 
     for fut in futures:
         fut.add_done_callback(one_done)
@@ -236,5 +352,6 @@ def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
 def wait_all(futures: List[Future[Any]]) -> List[Any]:
     """Wait for every future and return their values; once all are done, raises the error of
     the first (in list order) that failed."""
+    futures = [adopt(f) for f in futures]
     collect_all(futures).wait()
     return [fut.wait() for fut in futures]

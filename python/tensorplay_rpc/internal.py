@@ -13,7 +13,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple, cast
 
 import cloudpickle
 
@@ -389,9 +389,9 @@ class RemoteException:
             # A class whose __init__ wants more than a message (torch then raises the
             # constructor's TypeError): made without its __init__, so `except` still matches it.
             try:
-                exc = exc_type.__new__(exc_type, message)
-                BaseException.__init__(exc, message)
-                return exc
+                made: BaseException = cast(Any, exc_type).__new__(exc_type, message)
+                BaseException.__init__(made, message)
+                return made
             except Exception:
                 pass
         return RuntimeError(f"{self.type_name}: {self.message}")

@@ -14,6 +14,8 @@ def blocked(rank, world_size, what, ready_file, report_file):
     # As in a terminal: Python leaves SIGINT ignored when it started ignored, as it does under
     # a suite run in the background (nohup ... &), and Ctrl-C would then never arrive.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if what == "wait_torch_future":
+        import torch  # noqa: F401 - before init_rpc on every rank: the program uses torch
     if rank == 1:
         if what != "init":
             init(rank, world_size)
@@ -22,6 +24,8 @@ def blocked(rank, world_size, what, ready_file, report_file):
     calls = {
         "rpc_sync": lambda: rpc.rpc_sync("worker1", slow, args=(60,)),
         "wait": lambda: rpc.rpc_async("worker1", slow, args=(60,)).wait(),
+        # With torch imported, the future is a torch one too: its wait is still ours.
+        "wait_torch_future": lambda: rpc.rpc_async("worker1", slow, args=(60,)).wait(),
         "to_here": lambda: rpc.remote("worker1", slow, args=(60,)).to_here(),
         "shutdown": rpc.shutdown,
     }

@@ -192,33 +192,39 @@ func TestGracefulShutdownIsABarrier(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
 		opts.Handlers = testHandlers(nil)
 		c := coretest.New(t, 3, opts)
-		var shutdownAt [3]time.Time
+		// w2 enters its Shutdown only once every call it makes has been answered; closing
+		// w2Leaving just before is the event the others' Shutdown must not return ahead of.
+		w2Leaving := make(chan struct{})
 		var wg sync.WaitGroup
-		for i, a := range c.Agents {
+		for i, a := range c.Agents[:2] {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if i == 2 {
-					// The last worker keeps calling the others for a while before it leaves.
-					for j := 0; j < 20; j++ {
-						if _, err := a.Call(testctx.For(t), fmt.Sprintf("w%d", j%2), "echo", core.Message{}); err != nil {
-							t.Errorf("call during others' shutdown: %v", err)
-						}
-						time.Sleep(5 * time.Millisecond)
-					}
-				}
 				if err := a.Shutdown(testctx.For(t), true); err != nil {
 					t.Errorf("shutdown w%d: %v", i, err)
 				}
-				shutdownAt[i] = time.Now()
+				select {
+				case <-w2Leaving:
+				default:
+					t.Errorf("w%d's Shutdown returned while w2 was still calling it, before w2 entered its own Shutdown", i)
+				}
 			}()
 		}
-		wg.Wait()
-		for i := 0; i < 2; i++ {
-			if shutdownAt[i].Before(shutdownAt[2].Add(-time.Second)) {
-				t.Errorf("w%d left long before w2 did", i)
+		// w2 calls the others while both wait in their Shutdown.
+		waitFor(t, func() bool { return c.Agents[0].ShuttingDown() && c.Agents[1].ShuttingDown() })
+		for j := 0; j < 20; j++ {
+			want := fmt.Sprint(j)
+			resp, err := c.Agents[2].Call(testctx.For(t), fmt.Sprintf("w%d", j%2), "echo", core.Message{Payload: []byte(want)})
+			if err != nil || string(resp.Payload) != want {
+				t.Errorf("call %d to w%d during its shutdown: %q, %v", j, j%2, resp.Payload, err)
+				break
 			}
 		}
+		close(w2Leaving)
+		if err := c.Agents[2].Shutdown(testctx.For(t), true); err != nil {
+			t.Errorf("shutdown w2: %v", err)
+		}
+		wg.Wait()
 		if _, err := c.Agents[0].Call(testctx.For(t), "w0", "echo", core.Message{}); !errors.Is(err, core.ErrShutdown) {
 			t.Fatalf("call after shutdown: err = %v, want ErrShutdown", err)
 		}
@@ -254,7 +260,8 @@ func TestShutdownWaitsForCallsMadeDuringTheBarrier(t *testing.T) {
 		for _, a := range c.Agents[1:] {
 			go func() { errs <- a.Shutdown(ctx, true) }()
 		}
-		time.Sleep(100 * time.Millisecond) // w1 and w2 wait in the barrier
+		// w1 and w2 wait in the barrier.
+		waitFor(t, func() bool { return c.Agents[1].ShuttingDown() && c.Agents[2].ShuttingDown() })
 		if _, err := c.Agents[0].Call(ctx, "w1", "spawn", core.Message{}); err != nil {
 			t.Fatal(err)
 		}

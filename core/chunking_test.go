@@ -118,22 +118,85 @@ func TestSizeLimits(t *testing.T) {
 	})
 }
 
+// TestAbortedTransferFreesTheCallee: a big request abandoned by its caller while it is being
+// sent frees the memory its callee reserved for it, and the callee goes on serving.
 func TestAbortedTransferFreesTheCallee(t *testing.T) {
-	opts := coretest.Options{GRPC: true, Handlers: testHandlers(nil), ChunkSize: 64 << 10}
-	c := coretest.New(t, 2, opts)
-	for i := 0; i < 3; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
-		f := c.Agents[0].CallAsync(ctx, "w1", "echo", core.Message{Payload: make([]byte, 128<<20)})
+	const size = 128 << 20
+	// calleeFreed waits until the callee holds no receive memory any more.
+	calleeFreed := func(t *testing.T, callee *core.Agent, what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			inUse, _ := callee.ReceiveMemory()
+			if inUse == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the callee still holds %d bytes of receive memory for the aborted request after 10 s", what, inUse)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// In memory, the request's chunks are held on their way, so it is abandoned exactly
+	// while the callee holds memory for it and has only its header.
+	t.Run("inmem", func(t *testing.T) {
+		network := transport.NewInmemNetwork()
+		c := coretest.New(t, 2, coretest.Options{Handlers: testHandlers(nil), ChunkSize: 64 << 10, Network: network})
+		caller, callee := c.Agents[0], c.Agents[1]
+		release := make(chan struct{})
+		held := network.Inject(transport.Fault{
+			From: caller.Self().Addr, To: callee.Self().Addr, Hold: release,
+			Match: func(f *wire.Frame) bool { return f.Kind == wire.FrameChunk },
+		})
+		defer held.Remove()
+		ctx, cancel := context.WithCancel(testctx.For(t))
+		f := caller.CallAsync(ctx, "w1", "echo", core.Message{Payload: make([]byte, size)})
+		// The callee reserved the request's memory when its header came.
+		deadline := time.Now().Add(10 * time.Second)
+		for inUse, _ := callee.ReceiveMemory(); inUse < size; inUse, _ = callee.ReceiveMemory() {
+			if time.Now().After(deadline) {
+				t.Fatalf("the callee reserved %d bytes within 10 s, want the request's %d", inUse, size)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
 		<-f.Done()
+		if _, err := f.Result(); !errors.Is(err, core.ErrCanceled) {
+			t.Fatalf("the abandoned call: err = %v, want canceled", err)
+		}
+		close(release) // the chunks sent so far go on, and the abort after them
 		select {
 		case <-f.Sent():
 		case <-time.After(10 * time.Second):
-			t.Fatal("the aborted request's memory is still in use")
+			t.Fatal("the caller still holds the aborted request's memory")
 		}
-		cancel()
-	}
-	resp, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{Payload: []byte(fmt.Sprint("after"))})
-	if err != nil || string(resp.Payload) != "after" {
-		t.Fatalf("got %q, %v", resp.Payload, err)
-	}
+		if held.Hits() == 0 || held.Hits()*(64<<10) >= size {
+			t.Fatalf("%d chunks of the request were sent, want some but not all: it was not abandoned midway", held.Hits())
+		}
+		calleeFreed(t, callee, "inmem")
+		resp, err := caller.Call(testctx.For(t), "w1", "echo", core.Message{Payload: []byte("after")})
+		if err != nil || string(resp.Payload) != "after" {
+			t.Fatalf("got %q, %v", resp.Payload, err)
+		}
+	})
+	// Over gRPC, with a deadline that ends the call while it is being sent.
+	t.Run("grpc", func(t *testing.T) {
+		c := coretest.New(t, 2, coretest.Options{GRPC: true, Handlers: testHandlers(nil), ChunkSize: 64 << 10})
+		for i := 0; i < 3; i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+			f := c.Agents[0].CallAsync(ctx, "w1", "echo", core.Message{Payload: make([]byte, size)})
+			<-f.Done()
+			select {
+			case <-f.Sent():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the caller still holds the aborted request's memory")
+			}
+			cancel()
+			calleeFreed(t, c.Agents[1], fmt.Sprintf("grpc, call %d", i))
+		}
+		resp, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{Payload: []byte("after")})
+		if err != nil || string(resp.Payload) != "after" {
+			t.Fatalf("got %q, %v", resp.Payload, err)
+		}
+	})
 }

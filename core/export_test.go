@@ -11,3 +11,7 @@ func (a *Agent) SetReceiveIdleLimit(d time.Duration) {
 	defer a.receiveBudget.mu.Unlock()
 	a.receiveBudget.idleLimit = d
 }
+
+// ShuttingDown reports whether Shutdown of a has begun: a graceful one is in its barrier (or
+// waiting for a's own calls before it), or a is closed.
+func (a *Agent) ShuttingDown() bool { return a.state.Load() != stateRunning }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -145,8 +146,10 @@ func TestDynamicJoinTakesTheRankOfADeadProcessAtOnce(t *testing.T) {
 
 func TestCallsToALeavingWorkerFailNamingIt(t *testing.T) {
 	release := make(chan struct{})
+	started := make(chan struct{}, 1)
 	handlers := echoHandlers()
 	handlers["block"] = core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) {
+		started <- struct{}{}
 		select {
 		case <-release:
 		case <-ctx.Done():
@@ -158,14 +161,18 @@ func TestCallsToALeavingWorkerFailNamingIt(t *testing.T) {
 	w0, _ := world.Join(t, "w0", 0)
 	w1, _ := world.Join(t, "w1", 1)
 	pending := w0.CallAsync(testctx.For(t), "w1", "block", core.Message{})
-	time.Sleep(20 * time.Millisecond)
+	select { // the call is in w1's hands when it leaves
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call did not reach w1 within 10 s")
+	}
 	w1.Shutdown(testctx.For(t), false)
 	done := make(chan error, 1)
 	go func() { _, err := pending.Result(); done <- err }()
 	select {
 	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), `"w1"`) {
-			t.Fatalf("the pending call ended with %v", err)
+		if !errors.Is(err, core.ErrWorkerLeft) || !strings.Contains(err.Error(), `"w1"`) {
+			t.Fatalf("the pending call ended with %v, want w1 named as having left", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the call to a worker that left still waits after 5 s")
@@ -214,23 +221,63 @@ func TestDynamicWorldNeedsAStoreThatHoldsMembership(t *testing.T) {
 
 func TestDynamicWorldOverGRPC(t *testing.T) {
 	init := fmt.Sprintf("tcp://127.0.0.1:%d", coretest.FreePort(t))
-	join := func(name string, rank int) *core.Agent {
+	start := func(name string, rank int) (*core.Agent, error) {
 		a, err := core.Start(testctx.For(t), core.Config{
 			Name: name, Rank: rank, InitMethod: init, ListenHost: "127.0.0.1",
 			InitTimeout: 10 * time.Second, Handlers: echoHandlers(),
 		})
 		if err != nil {
-			t.Fatalf("join %s: %v", name, err)
+			return nil, fmt.Errorf("join %s: %w", name, err)
 		}
 		t.Cleanup(func() { a.Shutdown(testctx.For(t), false) })
+		return a, nil
+	}
+	join := func(name string, rank int) *core.Agent {
+		a, err := start(name, rank)
+		if err != nil {
+			t.Fatal(err)
+		}
 		return a
 	}
-	// A joiner may start before rank 0 (which hosts the store): it waits for it.
-	early := make(chan *core.Agent)
-	go func() { early <- join("w2", 2) }()
-	time.Sleep(100 * time.Millisecond)
+	// A joiner may start before rank 0 (which hosts the store): it waits for it. Until rank 0
+	// starts, the store's port is held here, and w2 is seen to knock at it.
+	storeAddr := strings.TrimPrefix(init, "tcp://")
+	placeholder, err := net.Listen("tcp", storeAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type started struct {
+		a   *core.Agent
+		err error
+	}
+	early := make(chan started, 1)
+	go func() {
+		a, err := start("w2", 2)
+		early <- started{a, err}
+	}()
+	knocked := make(chan error, 1)
+	go func() {
+		conn, err := placeholder.Accept()
+		if err == nil {
+			conn.Close()
+		}
+		knocked <- err
+	}()
+	select {
+	case err := <-knocked:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("w2 did not try to reach the store within 10 s")
+	}
+	placeholder.Close()
 	w0 := join("w0", 0)
-	w2 := <-early
+	joined := <-early
+	if joined.err != nil {
+		t.Fatalf("the joiner that started before rank 0: %v", joined.err)
+	}
+	w2 := joined.a
 	w1 := join("w1", 1)
 	for _, a := range []*core.Agent{w0, w1, w2} {
 		if got := names(a); got != "0:w0 1:w1 2:w2" {

@@ -33,13 +33,13 @@ def parse_args():
     return parser.parse_args()
 
 
-# The one line that differs from torch's example: which RPC (and its futures) to use.
+# The one line that differs from torch's example: which RPC to use. Its futures are torch's
+# (torch is imported before init_rpc), so torch.futures works with either.
 if parse_args().backend == "torch":
     import torch.distributed.rpc as rpc
-    import torch.futures as futures
 else:
     import tensorplay_rpc as rpc
-    from tensorplay_rpc import futures
+import torch.futures as futures  # noqa: E402
 
 
 class ParameterServer:

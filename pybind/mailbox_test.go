@@ -6,6 +6,25 @@ import (
 	"time"
 )
 
+// waiting reports how many threads wait on m in their futex (hot) and on channels (cold), and
+// whether none is busy with an item or woken for one.
+func (m *mailbox[T]) waiting() (hot, cold int, settled bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.hot), len(m.cold), m.busy == 0 && m.waking == 0
+}
+
+// waitUntil waits up to 10 s for cond, checking it often (a futex wait lasts hotWait), and
+// fails the test naming what if it does not hold.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10 s: %s", what)
+		}
+	}
+}
+
 func TestMailboxDeliversEveryItemOnce(t *testing.T) {
 	cases := []struct {
 		name string
@@ -110,10 +129,23 @@ func TestMailboxBurstWakesAThreadPerItem(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(3 * hotWait) // all on channels now
+	waitUntil(t, "every thread waits on its channel", func() bool {
+		hot, cold, settled := m.waiting()
+		return hot == 0 && cold == takers && settled
+	})
+	// One thread takes the warm-up item and goes back to wait in its futex, while the others
+	// stay on their channels. Its futex wait is short (hotWait): if it went by unseen, warm up
+	// again.
 	warmUp := 0
-	m.put(&warmUp)          // one thread takes it and goes back to wait in its futex
-	time.Sleep(hotWait / 4) // while the others stay on their channels
+	waitUntil(t, "one thread waits in its futex, the others on their channels", func() bool {
+		switch hot, cold, settled := m.waiting(); {
+		case hot == 1 && cold == takers-1 && settled:
+			return true
+		case hot == 0 && cold == takers && settled: // not warmed up yet, or cold again
+			m.put(&warmUp)
+		}
+		return false
+	})
 	for i := 1; i <= burst; i++ {
 		m.put(&i)
 	}
@@ -165,12 +197,17 @@ func TestMailboxItemWaitsForTheBusyThread(t *testing.T) {
 			}()
 			m.put(&first)
 			<-took
-			go func() { // another thread, waiting
-				if v := m.take(5000, false); v != nil {
+			go func() { // another thread; it waits longer than the test, so only a wake-up brings it item 2
+				if v := m.take(60_000, false); v != nil {
 					got <- "other"
 				}
 			}()
-			time.Sleep(10 * time.Millisecond) // both wait (the other in its futex)
+			// The other waits on its channel, past its futex wait (in which it would look for
+			// items again when the wait ends, woken or not); the busy thread holds item 1.
+			waitUntil(t, "the other thread waits on its channel", func() bool {
+				hot, cold, _ := m.waiting()
+				return hot == 0 && cold == 1
+			})
 			m.put(&second)
 			if c.comesBack {
 				close(release)

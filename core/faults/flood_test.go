@@ -133,8 +133,10 @@ func TestAFloodOfCallsIsBounded(t *testing.T) {
 func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
 	release := make(chan struct{})
 	var running atomic.Int64
+	started := make(chan struct{}, 2)
 	block := core.HandlerFunc(func(ctx context.Context, _ core.Message) (core.Message, error) {
 		running.Add(1)
+		started <- struct{}{}
 		select {
 		case <-release:
 		case <-ctx.Done():
@@ -158,14 +160,28 @@ func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
 		s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: uint64(i + 1), Method: "block"})
 		streams = append(streams, s)
 	}
-	// The first call is in service; the second must wait for its slot. Another caller is
-	// served meanwhile (its slots are its own).
+	// The first call is in service; the second, read off its stream too, must wait for its
+	// slot. Another caller is served meanwhile (its slots are its own).
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("no call of the caller went into service")
+	}
+	for servedFromW0(c.Agents[1]) < 2 {
+		if ctx.Err() != nil {
+			t.Fatalf("w1 read %d of the caller's 2 requests", servedFromW0(c.Agents[1]))
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if _, err := c.Agents[2].Call(ctx, "w1", "missing", core.Message{}); !errors.Is(err, core.ErrNoHandler) {
 		t.Fatalf("another caller: err = %v, want ErrNoHandler", err)
 	}
-	time.Sleep(100 * time.Millisecond) // a negative check: the second call must not start
-	if n := running.Load(); n != 1 {
-		t.Fatalf("%d calls of one caller in service over two streams, want 1", n)
+	// A negative check: the second call must not start. Nothing marks its not starting, so it
+	// is given a while to, from when w1 had it.
+	select {
+	case <-started:
+		t.Fatalf("%d calls of one caller in service over two streams, want 1", running.Load())
+	case <-time.After(100 * time.Millisecond):
 	}
 	close(release)
 	for _, s := range streams {
@@ -177,4 +193,14 @@ func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
 	if n := running.Load(); n != 2 {
 		t.Fatalf("%d calls ran, want both once a slot was free", n)
 	}
+}
+
+// servedFromW0 is how many requests from w0 worker a has read off its streams.
+func servedFromW0(a *core.Agent) int64 {
+	for _, p := range a.Metrics().Peers {
+		if p.Name == "w0" {
+			return p.CallsServed
+		}
+	}
+	return 0
 }

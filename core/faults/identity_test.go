@@ -2,6 +2,10 @@ package faults
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +17,66 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
+// logRecorder is a slog.Handler that keeps what an agent logs, so a test can check the reason
+// the agent gave for refusing something.
+type logRecorder struct {
+	mu      sync.Mutex
+	lines   []string
+	changed chan struct{} // closed and replaced at every line
+}
+
+func newLogRecorder() *logRecorder { return &logRecorder{changed: make(chan struct{})} }
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	var b strings.Builder
+	b.WriteString(rec.Message)
+	rec.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines = append(r.lines, b.String())
+	close(r.changed)
+	r.changed = make(chan struct{})
+	return nil
+}
+
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+// logger is a logger writing to r.
+func (r *logRecorder) logger() *slog.Logger { return slog.New(r) }
+
+// wait returns the first line logged that contains every one of want, waiting up to 10 s for
+// it; it fails the test, listing what was logged, if none comes.
+func (r *logRecorder) wait(t *testing.T, want ...string) string {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		r.mu.Lock()
+		lines, changed := r.lines, r.changed
+		r.mu.Unlock()
+	next:
+		for _, line := range lines {
+			for _, w := range want {
+				if !strings.Contains(line, w) {
+					continue next
+				}
+			}
+			return line
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("nothing logged within 10 s says %q; logged:\n%s", want, strings.Join(lines, "\n"))
+			return ""
+		}
+	}
+}
+
 // TestAPeerCanOnlyActAsItself: a stream's hello must name a worker registered at the host it
 // comes from, and a worker can release only the RRef forks it holds itself, so a peer cannot
 // make an owner drop a value another worker still uses.
@@ -20,6 +84,8 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	dropped := make(chan wire.RRefID, 1)
 	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo})
 	cfgs[0].OnRRefDropped = func(id wire.RRefID) { dropped <- id }
+	ownerLog := newLogRecorder()
+	cfgs[0].Logger = ownerLog.logger()
 	c := coretest.Start(t, cfgs)
 	owner, holder := c.Agents[0], c.Agents[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -53,6 +119,7 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	if resp, err := s.Recv(); err == nil {
 		t.Fatalf("a stream from 127.0.0.2 posing as w1 (registered at %s) was served: %+v", holder.Self().Addr, resp)
 	}
+	ownerLog.wait(t, "refused a stream: a peer at 127.0.0.2:", `said it was worker "w1", registered at `+holder.Self().Addr)
 
 	// From the right host as w2: its releases of w1's fork, in w1's name or its own, are
 	// refused. The echo after them answers once they were applied.
@@ -99,6 +166,8 @@ func TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost(t *testing.T) {
 	cfgs[0].Transports = core.DefaultTransports // whatever TENSORPLAY_RPC_TRANSPORTS says
 	cfgs[1].Transports = core.DefaultTransports
 	cfgs[2].Transports = []string{core.TransportGRPC} // as if on another host: no shm address
+	w0Log := newLogRecorder()
+	cfgs[0].Logger = w0Log.logger()
 	c := coretest.Start(t, cfgs)
 	addr := coretest.SHMAddr(c.Agents[0])
 	if addr == "" {
@@ -108,9 +177,11 @@ func TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost(t *testing.T) {
 		claim  string
 		rank   int
 		served bool
+		reason string // why it is refused, as w0 logs it
 	}{
-		{"w1", 1, true},  // registered a shared-memory address here
-		{"w2", 2, false}, // did not: a local process cannot pass for it
+		{"w1", 1, true, ""}, // registered a shared-memory address here
+		// did not: a local process cannot pass for it
+		{"w2", 2, false, `refused a stream: a peer on this host said it was worker "w2", which registered no shared-memory address here`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.claim, func(t *testing.T) {
@@ -130,6 +201,9 @@ func TestAPeerOnThisHostCanOnlyActAsAWorkerOfThisHost(t *testing.T) {
 			resp, err := s.Recv()
 			if served := err == nil && resp.Status == wire.ReplyOK; served != tc.served {
 				t.Fatalf("a shared-memory stream claiming %s: served %v (%+v, %v), want %v", tc.claim, served, resp, err, tc.served)
+			}
+			if tc.reason != "" {
+				w0Log.wait(t, tc.reason)
 			}
 		})
 	}

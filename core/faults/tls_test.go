@@ -9,12 +9,16 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -99,10 +103,15 @@ func throwawayCA(t *testing.T, dir, name string) core.TLSFiles {
 }
 
 // TestTLSRefusesClientsWithoutAValidCertificate: a world under mutual TLS talks to itself, and
-// refuses a client with no certificate or one from another CA, at the store and at workers.
+// refuses a client without TLS, with no certificate or with one from another CA, at the store
+// and at workers, for that reason.
 func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
-	dir := t.TempDir()
-	world, stranger := throwawayCA(t, dir, "world"), throwawayCA(t, dir, "stranger")
+	world := throwawayCA(t, t.TempDir(), "world")
+	// Another CA under the world CA's name: a TLS client shows its certificate only to a
+	// server that accepts certificates of the certificate's issuer (by name), so one issued by
+	// a CA of another name would not be shown at all, and be refused as missing.
+	impostor := throwawayCA(t, t.TempDir(), "world")
+	stranger := core.TLSFiles{CA: world.CA, Cert: impostor.Cert, Key: impostor.Key}
 	var served atomic.Int64
 	handlers := map[string]core.Handler{
 		"count": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
@@ -111,8 +120,9 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		}),
 	}
 	cfgs := coretest.Configs(t, 2, coretest.Options{GRPC: true, Handlers: handlers, TLS: &world})
+	storeAddr := strings.TrimPrefix(cfgs[0].InitMethod, "tcp://")
 	agents := coretest.Start(t, cfgs).Agents
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := agents[0].Call(ctx, "w1", "count", core.Message{}); err != nil {
 		t.Fatalf("a call inside the world: %v", err)
@@ -134,13 +144,79 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		tr.Close()
 	}
 	if n := served.Load(); n != 1 {
-		t.Fatalf("handlers ran %d times, want only the world's own call", n)
+		t.Errorf("handlers ran %d times, want only the world's own call", n)
 	}
+
+	// Why, as each port tells a client (gRPC reports the connection's end, whose cause races
+	// with its own writes): it speaks only TLS, and its TLS wants a certificate of the world's CA.
+	pair, err := tls.LoadX509KeyPair(stranger.Cert, stranger.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for port, addr := range map[string]string{"worker": coretest.GRPCAddr(agents[1]), "store": storeAddr} {
+		if answer, err := plaintextHTTP2(addr); err != nil || len(answer) > 0 {
+			t.Errorf("%s: a client without TLS got %q, %v; want the connection closed without a word", port, answer, err)
+		}
+		for _, tt := range []struct {
+			name  string
+			certs []tls.Certificate
+			want  string
+		}{
+			{name: "no certificate", want: "remote error: tls: certificate required"},
+			{name: "another CA", certs: []tls.Certificate{pair}, want: "remote error: tls: unknown certificate authority"},
+		} {
+			err := tlsRefusal(addr, &tls.Config{Certificates: tt.certs, InsecureSkipVerify: true, NextProtos: []string{"h2"}})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%s, a client with %s: err = %v, want %q", port, tt.name, err, tt.want)
+			}
+		}
+	}
+
 	intruder := cfgs[1]
 	intruder.Name, intruder.TLS, intruder.InitTimeout = "intruder", &stranger, time.Second
-	if _, err := core.Start(ctx, intruder); err == nil {
-		t.Fatal("the store let in a worker with another CA's certificate")
+	if _, err := core.Start(ctx, intruder); !errors.Is(err, core.ErrRendezvous) || !strings.Contains(err.Error(), "could not reach the rendezvous store") {
+		t.Fatalf("err = %v, want the intruder kept from the rendezvous store", err)
 	}
+}
+
+// plaintextHTTP2 opens a connection to addr as an HTTP/2 client without TLS would (its
+// preface and settings) and returns what the server sent back before it hung up. A server
+// that does not hang up within 10 s is an error.
+func plaintextHTTP2(addr string) ([]byte, error) {
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	preface := "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+	settings := []byte{0, 0, 0, 4, 0, 0, 0, 0, 0} // an empty SETTINGS frame
+	if _, err := conn.Write(append([]byte(preface), settings...)); err != nil {
+		return nil, err
+	}
+	answer, err := io.ReadAll(conn)
+	if errors.Is(err, syscall.ECONNRESET) {
+		err = nil // hung up on bytes it had not read: closed all the same
+	}
+	return answer, err
+}
+
+// tlsRefusal completes a TLS handshake with addr under cfg and reads: it returns why the
+// server ended the connection, or nil if it spoke to the client.
+func tlsRefusal(addr string, cfg *tls.Config) error {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	// Under TLS 1.3 the server checks the client's certificate after the client's side of the
+	// handshake is done: its verdict comes as the first thing read.
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		return err
+	}
+	return nil
 }
 
 // TestTLSIsVersionThreeAndNamesBindWorkers: a client offering only TLS 1.2 is refused; in a
@@ -150,6 +226,8 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 	ca := newTestCA(t, t.TempDir(), "world")
 	shared := ca.issue("workers", "w0", "w1", "w2")
 	cfgs := coretest.Configs(t, 3, coretest.Options{GRPC: true, Handlers: echo, TLS: &shared})
+	w0Log := newLogRecorder()
+	cfgs[0].Logger = w0Log.logger()
 	agents := coretest.Start(t, cfgs).Agents
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -189,6 +267,9 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 		resp, err := s.Recv()
 		if served := err == nil && resp.Status == wire.ReplyOK; served != tt.served {
 			t.Errorf("a certificate naming only w1, speaking as %s: served = %v, want %v (%v)", tt.hello, served, tt.served, err)
+		}
+		if !tt.served {
+			w0Log.wait(t, fmt.Sprintf(`refused a stream: a peer whose certificate names [w1] said it was worker %q`, tt.hello))
 		}
 		s.Close()
 	}

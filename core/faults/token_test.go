@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -38,8 +39,8 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
 			_, err = s.Recv()
 		}
-		if err == nil || !strings.Contains(err.Error(), "token") {
-			t.Errorf("token %q: err = %v, want a refusal naming the token", token, err)
+		if err == nil || !strings.Contains(err.Error(), "this world requires its token (TENSORPLAY_RPC_TOKEN)") {
+			t.Errorf("token %q: err = %v, want the worker's refusal for want of the world's token", token, err)
 		}
 		tr.Close()
 	}
@@ -49,7 +50,8 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 	// A worker with the wrong token cannot join through the store either.
 	intruder := cfgs[1]
 	intruder.Name, intruder.Token, intruder.InitTimeout = "intruder", "wrong", 2*time.Second
-	if _, err := core.Start(ctx, intruder); err == nil || !strings.Contains(err.Error(), "refused") {
-		t.Fatalf("err = %v, want the store to refuse the intruder", err)
+	_, err := core.Start(ctx, intruder)
+	if !errors.Is(err, core.ErrRendezvous) || !strings.Contains(err.Error(), "refused this worker: this world requires its token (TENSORPLAY_RPC_TOKEN)") {
+		t.Fatalf("err = %v, want the store's refusal of the intruder for want of the world's token", err)
 	}
 }

@@ -54,6 +54,10 @@ type MemStore struct {
 	completed map[string]*gatherRound
 
 	members memberTable // a dynamic world's (worldSize 0); see members.go
+
+	// admitted counts the requests enter took into a round, retries included: tests wait on
+	// it to know a request reached the store.
+	admitted int
 }
 
 type gatherRound struct {
@@ -240,6 +244,7 @@ func (s *MemStore) enter(req GatherRequest) (*gatherRound, error) {
 		}
 		delete(s.gone, req.Round)
 	}
+	s.admitted++
 	switch {
 	case r.err != nil:
 	case r.rejoins(req): // it waits with the round again

@@ -10,6 +10,23 @@ import (
 	"time"
 )
 
+// admitted is the number of requests s has taken into a round so far.
+func admitted(s *MemStore) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.admitted
+}
+
+// eventually waits up to 10 s for cond, and fails the test naming what if it does not hold.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10 s: %s", what)
+		}
+	}
+}
+
 // cuttingProxy forwards TCP connections to a server and can break every one it carries, as a
 // network blip or a keepalive lost on a loaded host would.
 type cuttingProxy struct {
@@ -78,21 +95,18 @@ func TestJoinSurvivesABrokenConnection(t *testing.T) {
 		defer close(done)
 		values[1], errs[1] = remote.Gather(ctx, join(1))
 	}()
-	joined := func() int {
-		mem.mu.Lock()
-		defer mem.mu.Unlock()
-		if r := mem.rounds[JoinRound]; r != nil {
-			return r.joined
-		}
-		return 0
-	}
-	for deadline := time.Now().Add(5 * time.Second); joined() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("rank 1 never reached the store")
-		}
-	}
+	eventually(t, "rank 1 reached the store", func() bool { return admitted(mem) == 1 })
 	proxy.cut()
-	time.Sleep(300 * time.Millisecond) // rank 1 notices and joins again
+	// Rank 1 notices and joins again: its new request reaches the store (or its join ended,
+	// and checkWorld says how).
+	eventually(t, "rank 1 joins again", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return admitted(mem) >= 2
+		}
+	})
 	values[0], errs[0] = mem.Gather(ctx, join(0))
 	<-done
 	checkWorld(t, values, errs)
@@ -139,7 +153,8 @@ func TestMemStoreAdmitsTheSameParticipantAgain(t *testing.T) {
 					got, err = store.Gather(ctx, again)
 					result <- err
 				}()
-				time.Sleep(20 * time.Millisecond)
+				// again has entered: it waits with its round, or was refused.
+				eventually(t, "the participant entering again is in or out", func() bool { return len(result) > 0 || admitted(store) == 2 })
 				if _, err := store.Gather(ctx, zero); err != nil && tt.want == "" {
 					t.Fatal(err)
 				}

@@ -66,7 +66,7 @@ atexit.register(forward_go_logs)  # what is logged after the last drain (shutdow
 
 # The agent's own threads need not see Ctrl-C (only the main thread does) and Go wakes them at
 # shutdown, so they wait long: an idle worker then costs next to no CPU.
-_IDLE_WAIT_MS = 30_000
+_IDLE_WAIT_MS = 2000
 
 # Message kinds: the first item of every Python-level request.
 _CALL = "call"  # (_CALL, func, args, kwargs): run func, reply with its result

@@ -2,12 +2,30 @@ package grpctransport
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
+
+// noticing is a lane that tells when a frame it reads matches.
+type noticing struct {
+	msgStream
+	match   func(*wire.Frame) bool
+	arrived chan struct{}
+	once    sync.Once
+}
+
+func (n *noticing) RecvMsg(m any) error {
+	err := n.msgStream.RecvMsg(m)
+	if f, ok := m.(*wire.Frame); ok && err == nil && n.match(f) {
+		n.once.Do(func() { close(n.arrived) })
+	}
+	return err
+}
 
 // TestSmallFrameOvertakesABigTransfer: while a big message fills the flow-control window
 // toward a reader that is not reading, a small frame is still sent at once and is read within
@@ -22,8 +40,17 @@ func TestSmallFrameOvertakesABigTransfer(t *testing.T) {
 	start := make(chan struct{})
 	smallAt := make(chan int, 1) // how many bulk frames were read before the small one
 	handlerDone := make(chan struct{})
+	// smallArrived is closed once the server's small lane has read the small frame: it waits
+	// to be handed over.
+	smallArrived := make(chan struct{})
 	addr, err := server.Listen("127.0.0.1", func(s transport.Stream) {
 		defer close(handlerDone)
+		ls, ok := s.(*lanedServerStream)
+		if !ok {
+			t.Errorf("the accepted stream is a %T, not two lanes", s)
+			return
+		}
+		ls.small = &noticing{msgStream: ls.small, arrived: smallArrived, match: func(f *wire.Frame) bool { return f.ID == 2 }}
 		if hello, err := s.Recv(); err != nil || hello.Kind != wire.FrameHello {
 			t.Errorf("first frame: %v (err %v), want the hello", hello, err)
 			return
@@ -65,6 +92,7 @@ func TestSmallFrameOvertakesABigTransfer(t *testing.T) {
 	if err := s.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
 		t.Fatal(err)
 	}
+	var bulkSent atomic.Int64 // chunks handed to the bulk lane
 	go func() {
 		s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "m", Sizes: []int64{chunks << 20}})
 		chunk := make([]byte, 1<<20)
@@ -72,9 +100,18 @@ func TestSmallFrameOvertakesABigTransfer(t *testing.T) {
 			if err := s.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Offset: int64(i) << 20, Payload: chunk}); err != nil {
 				return
 			}
+			bulkSent.Add(1)
 		}
 	}()
-	time.Sleep(100 * time.Millisecond) // let the big message fill the window; the outcome does not depend on it
+	// The big message's chunks fill the flow-control window (4 MiB, secure's grpcWindow)
+	// ahead of the small frame: on one lane, the small frame would wait for the reader.
+	for bulkSent.Load() < 4 {
+		if ctx.Err() != nil {
+			close(start)
+			t.Fatalf("only %d chunks were sent toward a window of 4 MiB", bulkSent.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	sent := make(chan error, 1)
 	go func() {
 		sent <- s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 2, Method: "m", Payload: []byte("small")})
@@ -88,7 +125,12 @@ func TestSmallFrameOvertakesABigTransfer(t *testing.T) {
 		close(start)
 		t.Fatal("a small frame waited for the big message's flow-control window")
 	}
-	time.Sleep(100 * time.Millisecond) // let the small frame reach the server before it reads
+	select { // the small frame reached the server before it reads
+	case <-smallArrived:
+	case <-ctx.Done():
+		close(start)
+		t.Fatal("the small frame did not reach the server")
+	}
 	close(start)
 	select {
 	case n := <-smallAt:

@@ -176,10 +176,24 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 	case req.FailFast && st.Code() == codes.Unavailable:
 		return nil, fmt.Errorf("%w: round %q: the rendezvous store at %s: %s", ErrStoreGone, req.Round, s.addr, st.Message())
 	case st.Code() == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
-		return nil, fmt.Errorf("round %q: could not reach the rendezvous store at %s in time (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): %s", req.Round, s.addr, st.Message())
+		return nil, fmt.Errorf("round %q: could not reach the rendezvous store at %s in time (%s): %s", req.Round, s.addr, s.whyUnreachable(), st.Message())
 	default:
 		return nil, fmt.Errorf("round %q: rendezvous store at %s: %s", req.Round, s.addr, st.Message())
 	}
+}
+
+// whyUnreachable guesses why no store answered at s.addr: nothing listens there, or something
+// that is not a store of ours does (torch's TCPStore, when the ranks did not all meet the same
+// way).
+func (s *RemoteStore) whyUnreachable() string {
+	conn, err := net.DialTimeout("tcp", s.addr, time.Second)
+	if err != nil {
+		return "is rank 0 running, and MASTER_ADDR/MASTER_PORT right?"
+	}
+	conn.Close()
+	return "something listens there but does not answer as this package's store: a torch TCPStore? " +
+		"Ranks that differ on importing torch before init_rpc meet at different stores; " +
+		"set TENSORPLAY_RPC_RENDEZVOUS alike on every rank, or check the token and TLS settings"
 }
 
 // JoinMembers implements MemberStore.

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -157,6 +157,23 @@ def start_world(
         outs.append(out)
         logs.append(log)
     return World(procs, outs, logs, port)
+
+
+def expect_behaviours(out: Dict[str, Any], behaviours: Dict[str, Callable[[Dict[str, Any]], Any]]) -> None:
+    """Check each behaviour a world reported (``out``, its rank's value), by name: every check
+    runs, and the failure lists each behaviour that did not hold, with what the world saw.
+    A check passes when it returns a true value and raises nothing."""
+    failed = []
+    for behaviour, check in behaviours.items():
+        try:
+            held = check(out)
+        except Exception as exc:  # a missing key or a malformed value: the behaviour failed
+            held, detail = False, f"{type(exc).__name__}: {exc}"
+        else:
+            detail = ""
+        if not held:
+            failed.append(f"- {behaviour}{' (' + detail + ')' if detail else ''}")
+    assert not failed, "these behaviours did not hold:\n" + "\n".join(failed) + f"\nthe world reported: {out!r}"[:6000]
 
 
 def run_world(scenario: str, world_size: int, *, timeout: float = 60, expect_ok: bool = True, **kwargs) -> List[RankResult]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_world
+from conftest import expect_behaviours, run_world
 
 # Every world here runs once over shared memory and once over gRPC.
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -27,32 +27,39 @@ def test_worker_info():
         assert v["timeout"] == 60.0
 
 
+def _raised(kind, *parts):
+    """A check that the world's (exception type, message) is of ``kind`` and says each part."""
+    return lambda outcome: outcome[0] is kind and all(p in outcome[1] for p in parts)
+
+
 def test_errors_reach_the_caller():
     out = run_world("basic:errors", 2)[0].value
-    exc_type, msg = out["value_error"]
-    assert exc_type is ValueError
-    assert "bad value 17" in msg and "On WorkerInfo(id=1, name=worker1)" in msg
-    assert "Traceback (most recent call last)" in msg and "raise_value_error" in msg
-    assert out["value_error_async"][0] is ValueError and "async 18" in out["value_error_async"][1]
-    exc_type, msg = out["custom"]
-    assert exc_type.__name__ == "CustomError" and exc_type.__module__ == "worlds.common"
-    assert "custom failure" in msg and "42" in msg
-    assert out["bad_args"][0] is TypeError and "missing 1 required positional argument" in out["bad_args"][1]
-    assert out["unknown_name"] == (RuntimeError, "name:worker0,rank:0 could not find destination name nobody")
-    assert out["unknown_id"] == (RuntimeError, "name:worker0,rank:0 could not find destination id 7")
-    assert out["unknown_info"][0] is RuntimeError and "ghost" in out["unknown_info"][1]
-    assert out["unknown_info_lookup"][0] is RuntimeError and "nobody" in out["unknown_info_lookup"][1]
-    exc_type, msg = out["unknown_in_go"]
-    assert exc_type is RuntimeError and "could not find destination worker ghost" in msg and "not a worker" in msg
-    assert out["not_callable"] == (TypeError, "function should be callable.")
-    assert out["bad_to"] == (ValueError, "Cannot get WorkerInfo from name 3.5")  # as torch says
-    assert out["unpicklable_arg"][0] is TypeError and "lock" in out["unpicklable_arg"][1]
-    # RRef ids come from peers: bad ones are refused when the RRef is unpickled, before the Go
-    # side or the owner table sees them, and the callee keeps serving.
-    assert out["forged_rref_owner"][0] is ValueError and "owner 99, which is not a worker" in out["forged_rref_owner"][1]
-    assert out["forged_rref_id"][0] is ValueError and "malformed RRef id" in out["forged_rref_id"][1]
-    assert out["second_init"] == (RuntimeError, "RPC is already initialized")
-    assert out["still_serving"] == 3
+    expect_behaviours(out, {
+        "a remote ValueError arrives as ValueError, naming the worker, with the remote traceback":
+            lambda o: _raised(ValueError, "bad value 17", "On WorkerInfo(id=1, name=worker1)", "Traceback (most recent call last)", "raise_value_error")(o["value_error"]),
+        "a remote error reaches rpc_async's future too": lambda o: _raised(ValueError, "async 18")(o["value_error_async"]),
+        "a user's exception class arrives as itself, with its arguments":
+            lambda o: o["custom"][0].__name__ == "CustomError" and o["custom"][0].__module__ == "worlds.common" and _raised(o["custom"][0], "custom failure", "42")(o["custom"]),
+        "wrong arguments give the callee's TypeError": lambda o: _raised(TypeError, "missing 1 required positional argument")(o["bad_args"]),
+        "an unknown worker name is refused as torch words it":
+            lambda o: o["unknown_name"] == (RuntimeError, "name:worker0,rank:0 could not find destination name nobody"),
+        "an unknown worker id is refused as torch words it":
+            lambda o: o["unknown_id"] == (RuntimeError, "name:worker0,rank:0 could not find destination id 7"),
+        "a WorkerInfo of no worker is refused, naming it": lambda o: _raised(RuntimeError, "ghost")(o["unknown_info"]),
+        "get_worker_info() of an unknown name is refused, naming it": lambda o: _raised(RuntimeError, "nobody")(o["unknown_info_lookup"]),
+        "past the API, Go refuses an unknown destination the same way":
+            lambda o: _raised(RuntimeError, "could not find destination worker ghost", "not a worker")(o["unknown_in_go"]),
+        "a callable is required, as torch words it": lambda o: o["not_callable"] == (TypeError, "function should be callable."),
+        "a destination of a wrong type is refused as torch words it": lambda o: o["bad_to"] == (ValueError, "Cannot get WorkerInfo from name 3.5"),
+        "an argument that cannot be pickled fails on the caller": lambda o: _raised(TypeError, "lock")(o["unpicklable_arg"]),
+        # RRef ids come from peers: bad ones are refused when the RRef is unpickled, before the
+        # Go side or the owner table sees them.
+        "an RRef naming an owner that is no worker is refused on unpickling":
+            lambda o: _raised(ValueError, "owner 99, which is not a worker")(o["forged_rref_owner"]),
+        "a malformed RRef id is refused on unpickling": lambda o: _raised(ValueError, "malformed RRef id")(o["forged_rref_id"]),
+        "a second init_rpc is refused": lambda o: o["second_init"] == (RuntimeError, "RPC is already initialized"),
+        "the callee keeps serving after all of these": lambda o: o["still_serving"] == 3,
+    })
 
 
 def test_timeouts():

@@ -3,56 +3,64 @@
 import pytest
 
 import tensorplay_rpc as rpc
-from conftest import run_world
+from conftest import expect_behaviours, run_world
 
 # Every world here runs once over shared memory and once over gRPC.
 pytestmark = pytest.mark.usefixtures("each_transport")
 
 
+def _raised(kind, *parts):
+    """A check that the world's (exception type, message) is of ``kind`` and says each part."""
+    return lambda outcome: outcome[0] is kind and all(p in outcome[1] for p in parts)
+
+
 def test_remote_and_rref_methods():
     out = run_world("rrefs:remote_basics", 2)[0].value
-    assert out["to_here"] == 5
-    assert out["owner"] == (rpc.WorkerInfo("worker1", 1), "worker1", False)
-    assert out["confirmed"]
-    exc_type, msg = out["local_value_elsewhere"]
-    assert exc_type is RuntimeError and "can't call localValue() on user" in msg and "worker1" in msg
-    assert out["proxy_sync"] == 15
-    assert out["proxy_async"] == 16
-    assert out["proxy_remote"] == 16
-    assert out["proxy_async_in_callback"] == 42
-    exc_type, msg = out["proxy_async_missing_cached"]
-    assert exc_type is AttributeError and "missing" in msg
-    assert out["proxy_async_collected"]
-    assert out["proxy_async_method"] == 116
-    assert out["counter_here"] == 116
-    assert out["local"] == (True, "worker0", [1, 2, 3], True, True)
-    assert out["to_self"] == (True, "ab", "ab")
-    for key in ("creation_error_to_here", "creation_error_proxy"):
-        exc_type, msg = out[key]
-        assert exc_type is ValueError and "creation failed 99" in msg, key
-    exc_type, msg = out["creation_error_timeout"]
-    assert exc_type is RuntimeError and "RRef creation via rpc.remote() timed out" in msg
-    assert out["to_here_during_creation_timeout"] == 32
-    assert out["inline"] == [(1, "a", "b")] * 3
-    assert out["mutable_seen_changed"] == [[1, 2, 3], [4]]
-    exc_type, msg = out["to_here_timeout"]
-    assert exc_type is RuntimeError and "timeout" in msg and "worker1" in msg, msg
-    assert out["to_here_timeout_took"] < 2.5, "to_here waited past its own timeout"
-    assert out["creation_timeout_took"] < 2.5, "to_here waited for the owner after the creation timed out"
-    assert out["pickle_outside_rpc"][0] is RuntimeError
-    assert out["repr"].startswith("UserRRef(RRefId = GloballyUniqueId(created_on=0")
-    assert out["unknown"][0] is RuntimeError and "nobody" in out["unknown"][1]
+    expect_behaviours(out, {
+        "to_here() returns the value remote() made": lambda o: o["to_here"] == 5,
+        "owner(), owner_name() and is_owner() name the owner": lambda o: o["owner"] == (rpc.WorkerInfo("worker1", 1), "worker1", False),
+        "confirmed_by_owner() turns true": lambda o: o["confirmed"],
+        "local_value() on a user RRef is refused, naming the owner":
+            lambda o: _raised(RuntimeError, "can't call localValue() on user", "worker1")(o["local_value_elsewhere"]),
+        "rref.rpc_sync().method() runs the method on the owner": lambda o: o["proxy_sync"] == 15,
+        "rref.rpc_async().method() returns a future of the method's result": lambda o: o["proxy_async"] == 16,
+        "rref.remote().method() returns an RRef of the result": lambda o: o["proxy_remote"] == 16,
+        "an async proxy call made in a callback completes": lambda o: o["proxy_async_in_callback"] == 42,
+        "an async proxy call of a missing method fails with AttributeError (type already known)":
+            lambda o: _raised(AttributeError, "missing")(o["proxy_async_missing_cached"]),
+        "async proxy calls are collected by api._wait_all()": lambda o: o["proxy_async_collected"],
+        "an async proxy call changes the value on the owner": lambda o: o["proxy_async_method"] == 116,
+        "the owner sees the change made through the proxy": lambda o: o["counter_here"] == 116,
+        "an RRef of a local value is its owner's and gives the value": lambda o: o["local"] == (True, "worker0", [1, 2, 3], True, True),
+        "remote() to this worker itself makes a local RRef": lambda o: o["to_self"] == (True, "ab", "ab"),
+        "a failed creation's error reaches to_here() with its type": lambda o: _raised(ValueError, "creation failed 99")(o["creation_error_to_here"]),
+        "a failed creation's error reaches a proxy call with its type": lambda o: _raised(ValueError, "creation failed 99")(o["creation_error_proxy"]),
+        "a creation that times out says so at to_here()":
+            lambda o: _raised(RuntimeError, "RRef creation via rpc.remote() timed out")(o["creation_error_timeout"]),
+        "to_here() after the creation's own timeout fetches the value the owner still made":
+            lambda o: o["to_here_during_creation_timeout"] == 32,
+        "small immutable values come back with the creation (inline), thrice": lambda o: o["inline"] == [(1, "a", "b")] * 3,
+        "a mutable value is fetched anew, with changes made on the owner": lambda o: o["mutable_seen_changed"] == [[1, 2, 3], [4]],
+        "to_here(timeout) fails naming the owner": lambda o: _raised(RuntimeError, "timeout", "worker1")(o["to_here_timeout"]),
+        "to_here(timeout) gives up within its own timeout": lambda o: o["to_here_timeout_took"] < 2.5,
+        "to_here() does not wait for the owner after the creation timed out": lambda o: o["creation_timeout_took"] < 2.5,
+        "pickling an RRef outside an RPC is refused": lambda o: o["pickle_outside_rpc"][0] is RuntimeError,
+        "repr() is torch's (UserRRef(RRefId = ...))": lambda o: o["repr"].startswith("UserRRef(RRefId = GloballyUniqueId(created_on=0"),
+        "remote() to an unknown worker fails naming it": lambda o: _raised(RuntimeError, "nobody")(o["unknown"]),
+    })
 
 
 def test_rref_forked_to_a_third_worker_and_back_to_the_owner():
     out = run_world("rrefs:forks", 3)[0].value
-    assert out["returned_is_rref"]
-    assert out["returned_owner"] == "worker1"
-    assert out["returned_value"] == 1001
-    assert out["counts_on_third"] == [1001, 1001, 1001]
-    assert out["on_owner"] == (True, [True, True, True], 1001)
-    assert out["owned_by_2"] == ("worker2", "kept on worker2")
-    assert out["tables_1"] and out["tables_2"], "owners still keep values no one references"
+    expect_behaviours(out, {
+        "an RRef sent back from a third worker arrives as an RRef": lambda o: o["returned_is_rref"],
+        "it still names its owner": lambda o: o["returned_owner"] == "worker1",
+        "its value is the owner's": lambda o: o["returned_value"] == 1001,
+        "the third worker reads the value through its fork, each way": lambda o: o["counts_on_third"] == [1001, 1001, 1001],
+        "on its owner the RRef is the local value": lambda o: o["on_owner"] == (True, [True, True, True], 1001),
+        "an RRef the third worker owns is kept there": lambda o: o["owned_by_2"] == ("worker2", "kept on worker2"),
+        "owners keep no value no one references at the end": lambda o: o["tables_1"] and o["tables_2"],
+    })
 
 
 @pytest.mark.timeout(360)
@@ -66,35 +74,41 @@ def test_remote_then_del_cycles_leave_the_owner_empty():
 
 def test_async_execution():
     out = run_world("rrefs:async_execution", 3)[0].value
-    assert out["sync"] == 3
-    assert out["async"] == 7
-    assert out["remote"] == 11
-    assert out["chained"] == 12
-    assert out["static"] == 15
-    assert out["static_remote"] == 9
-    assert out["class"] == ("AsyncOps", 19)
-    assert out["fails"][0] is KeyError and "async failure" in out["fails"][1]
-    assert out["parked"] == "unparked"
+    expect_behaviours(out, {
+        "rpc_sync of an async_execution function returns its future's value": lambda o: o["sync"] == 3,
+        "rpc_async of it too": lambda o: o["async"] == 7,
+        "remote() of it keeps the future's value": lambda o: o["remote"] == 11,
+        "a future chained with then() is awaited": lambda o: o["chained"] == 12,
+        "a static method can be async_execution": lambda o: o["static"] == 15,
+        "and called through remote()": lambda o: o["static_remote"] == 9,
+        "a class method can be async_execution": lambda o: o["class"] == ("AsyncOps", 19),
+        "a future that fails raises its error on the caller, with its type":
+            lambda o: o["fails"][0] is KeyError and "async failure" in o["fails"][1],
+        "a reply waits for a future parked by another call, without holding a thread": lambda o: o["parked"] == "unparked",
+    })
 
 
 def test_futures_and_all_gather():
     results = run_world("rrefs:futures_and_gather", 3)
     for r in results:
-        v = r.value
-        assert v["chain"] == (r.rank + 1) * 2 + 1
-        assert v["order"] == ["then1", "then2", "callback"]
-        # as torch's: a callback's error reaches the chained future as a RuntimeError naming it
-        assert v["then_error"][0] is RuntimeError and "ZeroDivisionError" in v["then_error"][1]
-        assert v["collect_all"] == [100, 101, 102]
-        assert v["wait_all"] == [1, 2, 3]
-        assert v["all_gather"] == {"worker0": 0, "worker1": 10, "worker2": 20}
-        assert v["all_gather_again"] == {"worker0": "r0", "worker1": "r1", "worker2": "r2"}
+        behaviours = {
+            f"rank {r.rank}: then() chains run in order on the value": lambda v: v["chain"] == (r.rank + 1) * 2 + 1,
+            f"rank {r.rank}: callbacks run in the order they were added": lambda v: v["order"] == ["then1", "then2", "callback"],
+            # as torch's: a callback's error reaches the chained future as a RuntimeError naming it
+            f"rank {r.rank}: a then() callback's error fails the chained future as a RuntimeError naming it":
+                lambda v: v["then_error"][0] is RuntimeError and "ZeroDivisionError" in v["then_error"][1],
+            f"rank {r.rank}: collect_all gives every future": lambda v: v["collect_all"] == [100, 101, 102],
+            f"rank {r.rank}: wait_all gives every value": lambda v: v["wait_all"] == [1, 2, 3],
+            f"rank {r.rank}: _all_gather gathers every worker's object": lambda v: v["all_gather"] == {"worker0": 0, "worker1": 10, "worker2": 20},
+            f"rank {r.rank}: _all_gather works again": lambda v: v["all_gather_again"] == {"worker0": "r0", "worker1": "r1", "worker2": "r2"},
+            f"rank {r.rank}: the future's state machinery is an Event": lambda v: v["states"] == "Event",
+        }
         if r.rank in (0, 2):
-            assert v["subset"] == {"worker0": 0, "worker2": 2}
-        assert v["states"] == "Event"
+            behaviours[f"rank {r.rank}: _all_gather over a subset of workers"] = lambda v: v["subset"] == {"worker0": 0, "worker2": 2}
         if r.rank < 2:
-            assert v["gather_timeout"][0] is RuntimeError and "timed out after 1.0s" in v["gather_timeout"][1], v["gather_timeout"]
-            assert 0.9 < v["gather_timeout_took"] < 2.5, v["gather_timeout_took"]
+            behaviours[f"rank {r.rank}: _all_gather with a missing worker times out after its timeout"] = (
+                lambda v: v["gather_timeout"][0] is RuntimeError and "timed out after 1.0s" in v["gather_timeout"][1] and 0.9 < v["gather_timeout_took"] < 2.5)
+        expect_behaviours(r.value, behaviours)
 
 
 def test_graceful_shutdown_with_rrefs_held():

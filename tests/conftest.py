@@ -159,6 +159,12 @@ def start_world(
     return World(procs, outs, logs, port)
 
 
+def raised(kind: type, *parts: str) -> Callable[[Any], bool]:
+    """A check that a world's (exception type, message) outcome is of ``kind`` and its message
+    says each of ``parts``."""
+    return lambda outcome: outcome[0] is kind and all(p in outcome[1] for p in parts)
+
+
 def expect_behaviours(out: Dict[str, Any], behaviours: Dict[str, Callable[[Dict[str, Any]], Any]]) -> None:
     """Check each behaviour a world reported (``out``, its rank's value), by name: every check
     runs, and the failure lists each behaviour that did not hold, with what the world saw.

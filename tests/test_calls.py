@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import expect_behaviours, run_world
+from conftest import expect_behaviours, raised, run_world
 
 # Every world here runs once over shared memory and once over gRPC.
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -27,36 +27,31 @@ def test_worker_info():
         assert v["timeout"] == 60.0
 
 
-def _raised(kind, *parts):
-    """A check that the world's (exception type, message) is of ``kind`` and says each part."""
-    return lambda outcome: outcome[0] is kind and all(p in outcome[1] for p in parts)
-
-
 def test_errors_reach_the_caller():
     out = run_world("basic:errors", 2)[0].value
     expect_behaviours(out, {
         "a remote ValueError arrives as ValueError, naming the worker, with the remote traceback":
-            lambda o: _raised(ValueError, "bad value 17", "On WorkerInfo(id=1, name=worker1)", "Traceback (most recent call last)", "raise_value_error")(o["value_error"]),
-        "a remote error reaches rpc_async's future too": lambda o: _raised(ValueError, "async 18")(o["value_error_async"]),
+            lambda o: raised(ValueError, "bad value 17", "On WorkerInfo(id=1, name=worker1)", "Traceback (most recent call last)", "raise_value_error")(o["value_error"]),
+        "a remote error reaches rpc_async's future too": lambda o: raised(ValueError, "async 18")(o["value_error_async"]),
         "a user's exception class arrives as itself, with its arguments":
-            lambda o: o["custom"][0].__name__ == "CustomError" and o["custom"][0].__module__ == "worlds.common" and _raised(o["custom"][0], "custom failure", "42")(o["custom"]),
-        "wrong arguments give the callee's TypeError": lambda o: _raised(TypeError, "missing 1 required positional argument")(o["bad_args"]),
+            lambda o: o["custom"][0].__name__ == "CustomError" and o["custom"][0].__module__ == "worlds.common" and raised(o["custom"][0], "custom failure", "42")(o["custom"]),
+        "wrong arguments give the callee's TypeError": lambda o: raised(TypeError, "missing 1 required positional argument")(o["bad_args"]),
         "an unknown worker name is refused as torch words it":
             lambda o: o["unknown_name"] == (RuntimeError, "name:worker0,rank:0 could not find destination name nobody"),
         "an unknown worker id is refused as torch words it":
             lambda o: o["unknown_id"] == (RuntimeError, "name:worker0,rank:0 could not find destination id 7"),
-        "a WorkerInfo of no worker is refused, naming it": lambda o: _raised(RuntimeError, "ghost")(o["unknown_info"]),
-        "get_worker_info() of an unknown name is refused, naming it": lambda o: _raised(RuntimeError, "nobody")(o["unknown_info_lookup"]),
+        "a WorkerInfo of no worker is refused, naming it": lambda o: raised(RuntimeError, "ghost")(o["unknown_info"]),
+        "get_worker_info() of an unknown name is refused, naming it": lambda o: raised(RuntimeError, "nobody")(o["unknown_info_lookup"]),
         "past the API, Go refuses an unknown destination the same way":
-            lambda o: _raised(RuntimeError, "could not find destination worker ghost", "not a worker")(o["unknown_in_go"]),
+            lambda o: raised(RuntimeError, "could not find destination worker ghost", "not a worker")(o["unknown_in_go"]),
         "a callable is required, as torch words it": lambda o: o["not_callable"] == (TypeError, "function should be callable."),
         "a destination of a wrong type is refused as torch words it": lambda o: o["bad_to"] == (ValueError, "Cannot get WorkerInfo from name 3.5"),
-        "an argument that cannot be pickled fails on the caller": lambda o: _raised(TypeError, "lock")(o["unpicklable_arg"]),
+        "an argument that cannot be pickled fails on the caller": lambda o: raised(TypeError, "lock")(o["unpicklable_arg"]),
         # RRef ids come from peers: bad ones are refused when the RRef is unpickled, before the
         # Go side or the owner table sees them.
         "an RRef naming an owner that is no worker is refused on unpickling":
-            lambda o: _raised(ValueError, "owner 99, which is not a worker")(o["forged_rref_owner"]),
-        "a malformed RRef id is refused on unpickling": lambda o: _raised(ValueError, "malformed RRef id")(o["forged_rref_id"]),
+            lambda o: raised(ValueError, "owner 99, which is not a worker")(o["forged_rref_owner"]),
+        "a malformed RRef id is refused on unpickling": lambda o: raised(ValueError, "malformed RRef id")(o["forged_rref_id"]),
         "a second init_rpc is refused": lambda o: o["second_init"] == (RuntimeError, "RPC is already initialized"),
         "the callee keeps serving after all of these": lambda o: o["still_serving"] == 3,
     })

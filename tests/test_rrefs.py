@@ -3,15 +3,10 @@
 import pytest
 
 import tensorplay_rpc as rpc
-from conftest import expect_behaviours, run_world
+from conftest import expect_behaviours, raised, run_world
 
 # Every world here runs once over shared memory and once over gRPC.
 pytestmark = pytest.mark.usefixtures("each_transport")
-
-
-def _raised(kind, *parts):
-    """A check that the world's (exception type, message) is of ``kind`` and says each part."""
-    return lambda outcome: outcome[0] is kind and all(p in outcome[1] for p in parts)
 
 
 def test_remote_and_rref_methods():
@@ -21,32 +16,32 @@ def test_remote_and_rref_methods():
         "owner(), owner_name() and is_owner() name the owner": lambda o: o["owner"] == (rpc.WorkerInfo("worker1", 1), "worker1", False),
         "confirmed_by_owner() turns true": lambda o: o["confirmed"],
         "local_value() on a user RRef is refused, naming the owner":
-            lambda o: _raised(RuntimeError, "can't call localValue() on user", "worker1")(o["local_value_elsewhere"]),
+            lambda o: raised(RuntimeError, "can't call localValue() on user", "worker1")(o["local_value_elsewhere"]),
         "rref.rpc_sync().method() runs the method on the owner": lambda o: o["proxy_sync"] == 15,
         "rref.rpc_async().method() returns a future of the method's result": lambda o: o["proxy_async"] == 16,
         "rref.remote().method() returns an RRef of the result": lambda o: o["proxy_remote"] == 16,
         "an async proxy call made in a callback completes": lambda o: o["proxy_async_in_callback"] == 42,
         "an async proxy call of a missing method fails with AttributeError (type already known)":
-            lambda o: _raised(AttributeError, "missing")(o["proxy_async_missing_cached"]),
+            lambda o: raised(AttributeError, "missing")(o["proxy_async_missing_cached"]),
         "async proxy calls are collected by api._wait_all()": lambda o: o["proxy_async_collected"],
         "an async proxy call changes the value on the owner": lambda o: o["proxy_async_method"] == 116,
         "the owner sees the change made through the proxy": lambda o: o["counter_here"] == 116,
         "an RRef of a local value is its owner's and gives the value": lambda o: o["local"] == (True, "worker0", [1, 2, 3], True, True),
         "remote() to this worker itself makes a local RRef": lambda o: o["to_self"] == (True, "ab", "ab"),
-        "a failed creation's error reaches to_here() with its type": lambda o: _raised(ValueError, "creation failed 99")(o["creation_error_to_here"]),
-        "a failed creation's error reaches a proxy call with its type": lambda o: _raised(ValueError, "creation failed 99")(o["creation_error_proxy"]),
+        "a failed creation's error reaches to_here() with its type": lambda o: raised(ValueError, "creation failed 99")(o["creation_error_to_here"]),
+        "a failed creation's error reaches a proxy call with its type": lambda o: raised(ValueError, "creation failed 99")(o["creation_error_proxy"]),
         "a creation that times out says so at to_here()":
-            lambda o: _raised(RuntimeError, "RRef creation via rpc.remote() timed out")(o["creation_error_timeout"]),
+            lambda o: raised(RuntimeError, "RRef creation via rpc.remote() timed out")(o["creation_error_timeout"]),
         "to_here() after the creation's own timeout fetches the value the owner still made":
             lambda o: o["to_here_during_creation_timeout"] == 32,
         "small immutable values come back with the creation (inline), thrice": lambda o: o["inline"] == [(1, "a", "b")] * 3,
         "a mutable value is fetched anew, with changes made on the owner": lambda o: o["mutable_seen_changed"] == [[1, 2, 3], [4]],
-        "to_here(timeout) fails naming the owner": lambda o: _raised(RuntimeError, "timeout", "worker1")(o["to_here_timeout"]),
+        "to_here(timeout) fails naming the owner": lambda o: raised(RuntimeError, "timeout", "worker1")(o["to_here_timeout"]),
         "to_here(timeout) gives up within its own timeout": lambda o: o["to_here_timeout_took"] < 2.5,
         "to_here() does not wait for the owner after the creation timed out": lambda o: o["creation_timeout_took"] < 2.5,
         "pickling an RRef outside an RPC is refused": lambda o: o["pickle_outside_rpc"][0] is RuntimeError,
         "repr() is torch's (UserRRef(RRefId = ...))": lambda o: o["repr"].startswith("UserRRef(RRefId = GloballyUniqueId(created_on=0"),
-        "remote() to an unknown worker fails naming it": lambda o: _raised(RuntimeError, "nobody")(o["unknown"]),
+        "remote() to an unknown worker fails naming it": lambda o: raised(RuntimeError, "nobody")(o["unknown"]),
     })
 
 

@@ -31,7 +31,9 @@ def test_soak_leaves_nothing_behind():
     check_nothing_leaked(run_world("soak:run", 4, args=[str(SECONDS)], timeout=WORLD_TIMEOUT))
 
 
-@pytest.mark.timeout(WORLD_TIMEOUT + 60)
+# Its own bound: up to 60 s for worker3 to get busy, half the soak before the kill, then the
+# world's deadline.
+@pytest.mark.timeout(60 + SECONDS / 2 + WORLD_TIMEOUT + 60)
 def test_soak_with_a_worker_killed_midway(world, tmp_path):
     """worker3 is SIGKILLed halfway: the others keep going, their calls to it fail naming it,
     and they end with nothing leaked (the RRefs it held are dropped by their owners)."""

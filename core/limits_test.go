@@ -169,14 +169,15 @@ func TestMessagesOverTheReceiversLimitsFailOnlyTheirCall(t *testing.T) {
 func TestBigMessagesWaitForTheReceiveBudget(t *testing.T) {
 	opts := coretest.Options{GRPC: true, Handlers: testHandlers(nil), ChunkSize: 64 << 10}
 	cfgs := coretest.Configs(t, 4, opts)
-	// 30 calls of 8 MiB: without the budget, three streams would take up to a window each.
+	// 12 calls of 8 MiB, 4 from each of three workers: without the budget, the three streams
+	// would take up to a window each.
 	const budget, size = 10 << 20, 8 << 20
 	cfgs[3].ReceiveBudget = budget
 	c := coretest.Start(t, cfgs)
 	// This test is about memory: a sender starved of CPU for a while (2 cores, -race binaries
 	// side by side) must make it wait, not have its stream evicted as stalled.
 	c.Agents[3].SetReceiveIdleLimit(time.Minute)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// Streams are dialed before the storm: this test is about memory, and a dial that a
 	// loaded 2-core machine makes slow is not.
@@ -190,13 +191,15 @@ func TestBigMessagesWaitForTheReceiveBudget(t *testing.T) {
 		return inUse
 	})
 	var wg sync.WaitGroup
-	errs := make(chan error, 30)
+	errs := make(chan error, 12)
 	for i := 0; i < 3; i++ {
-		for j := 0; j < 10; j++ {
+		for j := 0; j < 4; j++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				want := pattern(size, byte(i*10+j))
+				// A block repeated: byte by byte, 240 MiB of patterns cost most of the test
+				// under -race.
+				want := bytes.Repeat(pattern(4096, byte(i*10+j)), size/4096)
 				resp, err := c.Agents[i].Call(ctx, "w3", "echo", core.Message{Payload: want})
 				if err == nil && !bytes.Equal(resp.Payload, want) {
 					err = errors.New("the echo differs")

@@ -24,7 +24,8 @@
 // small in-memory twin that tests use:
 //
 //   - wire: the Frame every transport carries and its msgpack encoding;
-//   - transport: the Transport and Stream interfaces, and transport.InmemNetwork;
+//   - transport: the Transport and Stream interfaces, and transport.InmemNetwork, into whose
+//     traffic tests inject faults (frames dropped, delayed or held; links partitioned);
 //   - transport/grpctransport: the transport of real worlds, one long-lived bidirectional
 //     gRPC stream per (caller, callee) pair carrying frames multiplexed by call id;
 //   - rendezvous: the Store interface, rendezvous.MemStore (served by rank 0 over gRPC) and

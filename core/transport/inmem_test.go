@@ -145,14 +145,26 @@ func TestInmemFaults(t *testing.T) {
 	}
 }
 
+// TestInmemFirstFrameIsReceivedFirst: an accepted stream's first frame, held on the network,
+// is still the first received; the big message's frame sent after it waits (see Laned).
 func TestInmemFirstFrameIsReceivedFirst(t *testing.T) {
 	net := NewInmemNetwork()
 	dialer, listener := net.Transport(), net.Transport()
 	if _, err := dialer.Listen("", func(Stream) {}); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan []uint64, 1)
-	addr, err := listener.Listen("", func(s Stream) { got <- recvIDs(t, s, 2) })
+	start := make(chan struct{})
+	first := make(chan uint64, 2)
+	addr, err := listener.Listen("", func(s Stream) {
+		<-start // both frames are queued, the hello held
+		for range 2 {
+			f, err := s.Recv()
+			if err != nil {
+				return
+			}
+			first <- f.ID
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,9 +182,18 @@ func TestInmemFirstFrameIsReceivedFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	close(start)
+	// Without the rule the bulk frame is received at once; with it nothing is, until the
+	// hello is released.
+	select {
+	case id := <-first:
+		t.Fatalf("frame %d was received while the stream's first frame was held", id)
+	case <-time.After(200 * time.Millisecond):
+	}
 	close(release)
-	if ids := <-got; fmt.Sprint(ids) != "[1 2]" {
-		t.Fatalf("received %v, want the hello first: [1 2]", ids)
+	got := []uint64{<-first, <-first}
+	if fmt.Sprint(got) != "[1 2]" {
+		t.Fatalf("received %v, want the hello first: [1 2]", got)
 	}
 }
 

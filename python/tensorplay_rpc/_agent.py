@@ -602,10 +602,12 @@ class TensorPipeAgent(RpcAgent):
         future_class = _InternalCallFuture if internal else _CallFuture
         return self._call(dest, _go.PyMethod, segments, future_class(self, dest.name, self._timeout(timeout), prefixed))
 
-    def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float) -> Future[Any]:
-        """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack."""
+    def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float, internal: bool = False) -> Future[Any]:
+        """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack
+        (``internal``: as for :meth:`_send`)."""
         segments = crosslang.encode_call(fn, args, kwargs)
-        fut = _CallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
+        future_class = _InternalCallFuture if internal else _CallFuture
+        fut = future_class(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
         return self._call(dest, fn.name, segments, fut)
 
     def _timeout(self, timeout: float) -> float:

@@ -323,7 +323,7 @@ def rpc_sync(
     """
     agent = require_agent()
     if isinstance(func, RemoteFunction):
-        return agent.call_function(agent.destination(to), func, args, kwargs, timeout).wait()
+        return agent.call_function(agent.destination(to), func, args, kwargs, timeout, internal=True).wait()
     return agent.rpc_sync(agent.destination(to), function_call(func, args, kwargs), timeout)
 
 

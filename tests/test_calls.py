@@ -20,11 +20,15 @@ def test_every_worker_calls_every_worker(world_size):
 def test_worker_info():
     results = run_world("basic:worker_infos", 3)
     for r in results:
-        v = r.value
-        assert v["me"] == (f"worker{r.rank}", r.rank, f"WorkerInfo(id={r.rank}, name=worker{r.rank})", f"WorkerInfo(id={r.rank}, name=worker{r.rank})")
-        assert v["all"] == [("worker0", 0), ("worker1", 1), ("worker2", 2)]
-        assert v["equal"] and v["hash"] and v["distinct"]
-        assert v["timeout"] == 60.0
+        me = f"WorkerInfo(id={r.rank}, name=worker{r.rank})"
+        expect_behaviours(r.value, {
+            f"worker{r.rank}'s own WorkerInfo has its name and id, and prints as torch's": lambda v: v["me"] == (f"worker{r.rank}", r.rank, me, me),
+            "get_worker_infos lists every worker in rank order": lambda v: v["all"] == [("worker0", 0), ("worker1", 1), ("worker2", 2)],
+            "WorkerInfos compare equal by value": lambda v: v["equal"],
+            "equal WorkerInfos hash alike": lambda v: v["hash"],
+            "different workers' WorkerInfos differ": lambda v: v["distinct"],
+            "get_rpc_timeout gives the default 60 s": lambda v: v["timeout"] == 60.0,
+        })
 
 
 def test_errors_reach_the_caller():
@@ -57,34 +61,48 @@ def test_errors_reach_the_caller():
     })
 
 
+def _timed_out_within(limit_ms: int):
+    """A check that a (error, seconds taken) outcome is a timeout naming worker1 and its limit,
+    which fired no earlier than the limit and not long after it."""
+    def check(outcome):
+        (exc_type, msg), took = outcome
+        return (exc_type is RuntimeError and "timed out" in msg and "worker1" in msg and f"({limit_ms} ms)" in msg
+                and limit_ms / 1000 * 0.9 <= took < limit_ms / 1000 + 4)
+    return check
+
+
 def test_timeouts():
     out = run_world("basic:timeouts", 2)[0].value
-    for key, limit in (("explicit", 300), ("explicit_async", 300), ("default", 1000)):
-        (exc_type, msg), took = out[key]
-        assert exc_type is RuntimeError, key
-        assert "timed out" in msg and "worker1" in msg and f"({limit} ms)" in msg, msg
-        assert limit / 1000 * 0.9 <= took < limit / 1000 + 4, (key, took)
-    assert out["none"] == 1.5
-    assert out["still_serving"] == 5
-    assert out["timeout"] == 1.0
+    expect_behaviours(out, {
+        "rpc_sync's timeout= fails a slow call in time, naming the worker and the limit": lambda o: _timed_out_within(300)(o["explicit"]),
+        "rpc_async's timeout= fails its future in time": lambda o: _timed_out_within(300)(o["explicit_async"]),
+        "the options' rpc_timeout applies when a call gives none": lambda o: _timed_out_within(1000)(o["default"]),
+        "timeout=0 waits as long as the call takes": lambda o: o["none"] == 1.5,
+        "the callee keeps serving after the timeouts": lambda o: o["still_serving"] == 5,
+        "get_rpc_timeout gives the options' value": lambda o: o["timeout"] == 1.0,
+    })
 
 
 def test_worker_thread_pool_and_free_gil():
     out = run_world("basic:thread_pool", 2)[0].value
-    assert out["max_concurrency"] == 3
-    assert len(out["threads"]) == 3
-    assert out["spinner_ran_during_the_call"], "a thread could not run while rpc_sync waited: the caller kept the GIL"
+    expect_behaviours(out, {
+        "num_worker_threads=3 runs three calls at once, no more": lambda o: o["max_concurrency"] == 3,
+        "the calls ran on three distinct threads": lambda o: len(o["threads"]) == 3,
+        "a Python thread runs while rpc_sync waits (the caller let go of the GIL)": lambda o: o["spinner_ran_during_the_call"],
+    })
 
 
 def test_callbacks_run_without_a_waiter():
     out = run_world("basic:callbacks", 2)[0].value
-    assert out["callback_alone"] == (True, [5])
-    assert out["then_alone"] == (True, "chained")
-    assert out["error_alone"] == (True, ["ValueError"])
-    assert out["waited"] == (0.2, [0.2])
-    assert out["nested"] == (True, [26]), "a callback waiting on a nested call hung"
-    assert out["after_exit"] == (True, [2])
-    assert out["pending_after"] == 0
+    expect_behaviours(out, {
+        "add_done_callback runs with no thread waiting": lambda o: o["callback_alone"] == (True, [5]),
+        "then() chains with no thread waiting": lambda o: o["then_alone"] == (True, "chained"),
+        "a callback sees a remote error with no thread waiting": lambda o: o["error_alone"] == (True, ["ValueError"]),
+        "a thread waiting on a future still runs its callbacks": lambda o: o["waited"] == (0.2, [0.2]),
+        "a callback may wait on a nested call without hanging": lambda o: o["nested"] == (True, [26]),
+        "a callback raising SystemExit does not stop the next callbacks or later futures'": lambda o: o["after_exit"] == (True, [2]),
+        "no call is left pending afterwards": lambda o: o["pending_after"] == 0,
+    })
 
 
 def test_rank_and_world_size_from_environment():
@@ -108,15 +126,18 @@ def test_errors_that_cannot_travel_as_themselves(tmp_path):
     (tmp_path / "callee").mkdir()
     (tmp_path / "callee" / "only_on_the_callee.py").write_text("class Thing:\n    pass\n")
     out = run_world("faults:call_errors", 2, args=[str(tmp_path)])[0].value
-    kind, msg, _ = out["unpicklable_exception"]
-    assert "_Unpicklable" in kind + msg and "holding a lock" in msg and "Traceback" in msg
-    kind, msg, _ = out["unpicklable_result"]
-    assert kind == "RuntimeError" and "TypeError: cannot pickle" in msg and "lock" in msg
-    kind, msg, _ = out["unknown_module"]
-    assert kind == "ModuleNotFoundError" and "only_on_the_caller" in msg
-    # A result that pickles on the callee but cannot be unpickled here fails the call here.
-    for case in ("result_unloadable_here", "result_unloadable_here_async"):
-        kind, msg, notes = out[case]
-        assert kind == "ModuleNotFoundError" and "only_on_the_callee" in msg, out[case]
-        assert notes == ["(raised here unpickling the result sent by worker worker1)"], out[case]
-    assert out["still_serving"] == 3
+    expect_behaviours(out, {
+        "an exception that cannot be pickled arrives as an error naming it, with the remote traceback":
+            lambda o: "_Unpicklable" in o["unpicklable_exception"][0] + o["unpicklable_exception"][1]
+            and "holding a lock" in o["unpicklable_exception"][1] and "Traceback" in o["unpicklable_exception"][1],
+        "a result that cannot be pickled fails the call with the pickling error":
+            lambda o: o["unpicklable_result"][0] == "RuntimeError" and "TypeError: cannot pickle" in o["unpicklable_result"][1] and "lock" in o["unpicklable_result"][1],
+        "a function from a module only the caller has fails with ModuleNotFoundError":
+            lambda o: o["unknown_module"][0] == "ModuleNotFoundError" and "only_on_the_caller" in o["unknown_module"][1],
+        # A result that pickles on the callee but cannot be unpickled here fails the call here.
+        **{f"a result only the callee can unpickle fails {how} here, with a note naming the sender":
+           (lambda case: lambda o: o[case][0] == "ModuleNotFoundError" and "only_on_the_callee" in o[case][1]
+            and o[case][2] == ["(raised here unpickling the result sent by worker worker1)"])(case)
+           for how, case in (("rpc_sync", "result_unloadable_here"), ("rpc_async", "result_unloadable_here_async"))},
+        "the callee keeps serving after all of these": lambda o: o["still_serving"] == 3,
+    })

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_world
+from conftest import expect_behaviours, run_world
 from tensorplay_rpc.internal import deserialize, serialize
 
 # Every world here runs once over shared memory and once over gRPC.
@@ -74,12 +74,14 @@ def test_bytes_like_round_trips():
 def test_self_calls_copy_big_arguments():
     out = run_world("payloads:self_calls", 1)[0].value
     n = 4 << 20
-    assert out["sum"] == n
-    assert out["mine_after"] == n, "the callee wrote into the caller's array"
-    assert "ran for more than set timeout" in out["late"], out["late"]
-    # The handler ran after the caller gave up and freed its array: it read its own copy.
-    assert out["late_sum"] == 3 * n, f"the late call read {out['late_sum']}, not its argument's {3 * n}"
-    assert out["result_sum"] == 5 * n, out["result_sum"]
+    expect_behaviours(out, {
+        "a call to oneself gets the big argument": lambda o: o["sum"] == n,
+        "the callee's writes do not reach the caller's array": lambda o: o["mine_after"] == n,
+        "a call to oneself times out as torch words it": lambda o: "ran for more than set timeout" in o["late"],
+        # The handler ran after the caller gave up and freed its array: it read its own copy.
+        "a handler running after its caller gave up reads its own copy of the argument": lambda o: o["late_sum"] == 3 * n,
+        "a big result of a call to oneself arrives whole": lambda o: o["result_sum"] == 5 * n,
+    })
 
 
 def test_torch_round_trips():
@@ -94,13 +96,13 @@ def test_torch_round_trips():
 def test_a_call_over_two_gib():
     out = run_world("payloads:over_two_gib", 2, timeout=300)[0].value
     dtype, size, writable, mismatched_blocks = out["seen"]
-    assert (dtype, size, writable) == ("uint64", out["sent"], True)
+    assert (dtype, size, writable) == ("uint64", out["sent"], True), f"the callee saw a {dtype} array of {size} elements, writable={writable}; {out['sent']} were sent"
     assert mismatched_blocks == [], "these blocks arrived different (first element index of each)"
 
 
 def test_big_arguments_are_sent_in_place_and_big_messages_take_turns():
     out = run_world("payloads:in_place_and_turns", 2)[0].value
-    assert out["sent"] == 256 << 20
+    assert out["sent"] == 256 << 20, f"the callee received {out['sent']} bytes of 256 MiB"
     # A copy at the boundary would add 256 MiB (262144 KiB) to the peak.
     assert out["peak_growth_kib"] < 64 << 10, f"the caller's peak RSS grew by {out['peak_growth_kib']} KiB sending 256 MiB"
     assert out["completed_in_order"] == ["8 MiB", "48 MiB"], "the 8 MiB call waited for the whole 48 MiB one"
@@ -108,13 +110,16 @@ def test_big_arguments_are_sent_in_place_and_big_messages_take_turns():
 
 def test_the_default_size_limit_is_4_gib():
     results = run_world("payloads:default_size_limit", 2)
-    assert [r.value["default"] for r in results] == [4 << 30, 4 << 30]
+    assert [r.value["default"] for r in results] == [4 << 30, 4 << 30], "the default max_message_size is not 4 GiB on every worker"
     over = results[0].value["over"]
     assert "over the 4294967296-byte limit" in over and "nothing was sent" in over and '"worker1"' in over, over
 
 
 def test_size_limits_refuse_cleanly():
     out = run_world("payloads:size_limits", 2)[0].value
-    assert "too large" in out["too_big_arg"] and "nothing was sent" in out["too_big_arg"] and "worker1" in out["too_big_arg"]
-    assert "too large" in out["too_big_result"] and "reply" in out["too_big_result"]
-    assert out["still_serving"] == 8 << 20
+    expect_behaviours(out, {
+        "an argument over the limit is refused before sending, naming the worker":
+            lambda o: "too large" in o["too_big_arg"] and "nothing was sent" in o["too_big_arg"] and "worker1" in o["too_big_arg"],
+        "a result over the limit fails the call, saying it was the reply": lambda o: "too large" in o["too_big_result"] and "reply" in o["too_big_result"],
+        "a call at the limit still goes through after": lambda o: o["still_serving"] == 8 << 20,
+    })

@@ -61,8 +61,8 @@ def test_rref_forked_to_a_third_worker_and_back_to_the_owner():
 @pytest.mark.timeout(360)
 def test_remote_then_del_cycles_leave_the_owner_empty():
     out = run_world("rrefs:refcount_cycles", 2, args=["100000"], timeout=300)[0].value
-    assert out["emptied"], out["tables"]
-    assert out["tables"] == (0, 0)
+    assert out["emptied"], f"the owner's tables never emptied: {out['tables']}"
+    assert out["tables"] == (0, 0), f"the owner's tables after 100,000 cycles: {out['tables']}"
     early, late = out["rss_kib"]
     assert late - early < 30 * 1024, f"owner RSS grew from {early} KiB to {late} KiB"
 
@@ -108,7 +108,7 @@ def test_futures_and_all_gather():
 
 def test_graceful_shutdown_with_rrefs_held():
     results = run_world("rrefs:shutdown_with_rrefs", 2, timeout=60)
-    assert results[0].value[0] == 50
+    assert results[0].value[0] == 50, f"an RRef held through shutdown gave {results[0].value[0]}"
 
 
 def test_custom_backend():

@@ -15,6 +15,7 @@ type peerStats struct {
 	// bytesReceived the replies from it and its requests.
 	bytesSent, bytesReceived atomic.Int64
 	inFlight                 atomic.Int64 // calls to the member not yet complete
+	waiting                  atomic.Int64 // calls of the member read here, waiting for a slot
 	failed                   [numErrorKinds]atomic.Int64
 	// latency counts completed calls by the power of two of their microseconds.
 	latency   [latencyBuckets]atomic.Int64
@@ -84,6 +85,9 @@ type PeerMetrics struct {
 	BytesReceived int64 `json:"bytes_received"`
 	// InFlight is the calls to the worker not yet complete.
 	InFlight int64 `json:"in_flight"`
+	// CallsWaiting is the worker's calls read here that wait for it to have fewer than
+	// Config.MaxServedPerCaller in service: the worker's stream is not read meanwhile.
+	CallsWaiting int64 `json:"calls_waiting"`
 	// Errors counts the calls to the worker that failed, by kind: remote (the handler's
 	// error), timeout, peer_lost, canceled, other.
 	Errors map[string]int64 `json:"errors"`
@@ -125,8 +129,8 @@ func (a *Agent) Metrics() Metrics {
 			Name: mem.info.Name, ID: id,
 			CallsSent: s.callsSent.Load(), CallsServed: s.callsServed.Load(),
 			BytesSent: s.bytesSent.Load(), BytesReceived: s.bytesReceived.Load(),
-			InFlight: s.inFlight.Load(),
-			Errors:   map[string]int64{}, LatencyUs: map[string]int64{},
+			InFlight: s.inFlight.Load(), CallsWaiting: s.waiting.Load(),
+			Errors: map[string]int64{}, LatencyUs: map[string]int64{},
 		}
 		for k := range s.failed {
 			p.Errors[errorKindNames[k]] = s.failed[k].Load()

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -22,6 +23,9 @@ func (a *Agent) serveStream(s transport.Stream) {
 	}()
 	hello, err := s.Recv()
 	if err != nil {
+		if errors.Is(err, transport.ErrMalformed) {
+			a.log.Warn("tensorplay-rpc: refused a stream that opened with what is not a frame", "worker", a.self.Name, "from", streamOrigin(s), "err", err)
+		}
 		return
 	}
 	select {
@@ -86,6 +90,11 @@ func (a *Agent) serveStream(s transport.Stream) {
 	for {
 		fr, err := s.Recv()
 		if err != nil {
+			// Bytes that are no frame are the caller's fault; any other error is the stream
+			// ending (the caller closed it or left, or this worker shuts down).
+			if errors.Is(err, transport.ErrMalformed) && ctx.Err() == nil {
+				a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)
+			}
 			return
 		}
 		fr, msg, refused, err := incoming.add(fr)
@@ -112,10 +121,17 @@ func (a *Agent) serveStream(s transport.Stream) {
 			unhold := incoming.hold()
 			select {
 			case slots <- struct{}{}:
-			case <-ctx.Done():
-				unhold()
-				msg.Release()
-				return
+			default:
+				from.stats.waiting.Add(1)
+				select {
+				case slots <- struct{}{}:
+					from.stats.waiting.Add(-1)
+				case <-ctx.Done():
+					from.stats.waiting.Add(-1)
+					unhold()
+					msg.Release()
+					return
+				}
 			}
 			if refused != nil {
 				unhold()

@@ -64,6 +64,7 @@ def test_the_prometheus_endpoint_is_scraped(rpc_world):
     assert f'tensorplay_rpc_call_errors_total{{kind="timeout",peer="w2",worker="w1"}} {timeouts}' in text, text
     assert f'tensorplay_rpc_call_duration_seconds_count{{peer="w2",worker="w1"}} {calls}' in text, text
     assert f'tensorplay_rpc_sent_bytes_total{{peer="w2",worker="w1"}} {sent["bytes_sent"]}' in text, text
+    assert f'tensorplay_rpc_calls_waiting{{peer="w2",worker="w1"}} {sent["calls_waiting"]}' in text, text
     assert "process_resident_memory_bytes" in text
 
 

@@ -89,6 +89,7 @@ func TestHostileBytes(t *testing.T) {
 			if !strings.Contains(why, a.decoded) {
 				t.Errorf("%s: the stream ended with %q; want it to say %q", a.name, why, a.decoded)
 			}
+			w1Log.wait(t, "dropped a caller that broke the protocol", a.decoded)
 		default:
 			w1Log.wait(t, "dropped a caller that broke the protocol", "protocol violation: "+a.dropped)
 		}

@@ -28,8 +28,8 @@ type Metrics interface {
 type collector struct {
 	src Metrics
 
-	callsSent, callsServed, bytesSent, bytesReceived, inFlight, errors, latency *prometheus.Desc
-	receiveInUse, receiveBudget, outstanding, ownedRRefs                        *prometheus.Desc
+	callsSent, callsServed, bytesSent, bytesReceived, inFlight, waiting, errors, latency *prometheus.Desc
+	receiveInUse, receiveBudget, outstanding, ownedRRefs                                 *prometheus.Desc
 }
 
 // NewCollector returns a collector of src's metrics, labelled with its worker's name.
@@ -48,6 +48,7 @@ func NewCollector(src Metrics) prometheus.Collector {
 		bytesSent:     peer("sent_bytes_total", "Bytes of requests sent to the peer and of replies to its calls."),
 		bytesReceived: peer("received_bytes_total", "Bytes of replies from the peer and of its requests."),
 		inFlight:      peer("calls_in_flight", "Calls to the peer not yet complete."),
+		waiting:       peer("calls_waiting", "Calls of the peer read here that wait for a slot (MaxServedPerCaller)."),
 		errors:        peer("call_errors_total", "Calls to the peer that failed, by kind.", "kind"),
 		latency:       peer("call_duration_seconds", "Time from sending a call to the peer to its outcome."),
 		receiveInUse:  own("receive_bytes_in_use", "Bytes of big messages being received now."),
@@ -58,7 +59,7 @@ func NewCollector(src Metrics) prometheus.Collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.callsSent, c.callsServed, c.bytesSent, c.bytesReceived, c.inFlight, c.errors, c.latency, c.receiveInUse, c.receiveBudget, c.outstanding, c.ownedRRefs} {
+	for _, d := range []*prometheus.Desc{c.callsSent, c.callsServed, c.bytesSent, c.bytesReceived, c.inFlight, c.waiting, c.errors, c.latency, c.receiveInUse, c.receiveBudget, c.outstanding, c.ownedRRefs} {
 		ch <- d
 	}
 }
@@ -74,6 +75,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bytesSent, p.BytesSent)
 		counter(c.bytesReceived, p.BytesReceived)
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(p.InFlight), p.Name)
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(p.CallsWaiting), p.Name)
 		for kind, n := range p.Errors {
 			counter(c.errors, n, kind)
 		}

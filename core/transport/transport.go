@@ -86,3 +86,7 @@ var ErrGone = errors.New("nothing listens there any more")
 
 // ErrClosed is what a stream or transport closed locally reports.
 var ErrClosed = errors.New("closed")
+
+// ErrMalformed is wrapped by what Recv reports when the peer sent bytes that are no frame (or
+// shared-memory rings it broke): unlike a stream that ends, it is the peer's fault, and logged.
+var ErrMalformed = errors.New("the peer sent what is not a frame")

@@ -244,7 +244,8 @@ def _is_current_rpc_agent_set() -> bool:
 def metrics() -> Dict[str, Any]:
     """A snapshot of this worker's traffic and memory: ``peers``, one dict per worker of the
     world (``name``, ``id``, ``calls_sent``, ``calls_served``, ``bytes_sent``,
-    ``bytes_received``, ``in_flight``, ``errors`` by kind: remote, timeout, peer_lost,
+    ``bytes_received``, ``in_flight``, ``calls_waiting`` (its calls read here that wait for
+    a slot: it has the most in service at once), ``errors`` by kind: remote, timeout, peer_lost,
     canceled, other; ``latency_us``: upper bounds of p50, p90 and p99 of the calls made to
     it), then ``outstanding`` (calls not complete), ``receive_bytes_in_use`` and
     ``receive_budget`` (big messages being received), ``owned_rrefs``, ``lent_messages``

@@ -13,8 +13,10 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // A stream is two gRPC streams on one connection, its lanes: the frames of big messages
@@ -126,7 +128,7 @@ func (s *laned) read(lane msgStream, bulk bool) {
 				f.Sink = *sink
 			}
 		}
-		err := lane.RecvMsg(f)
+		err := recvFrame(lane, f)
 		if err != nil {
 			f = nil
 		}
@@ -139,6 +141,17 @@ func (s *laned) read(lane msgStream, bulk bool) {
 			return
 		}
 	}
+}
+
+// recvFrame receives the next frame of a gRPC stream into f. gRPC reports a frame the codec
+// could not decode (or a message it could not decompress) as codes.Internal: the peer sent
+// it, so it is reported as transport.ErrMalformed.
+func recvFrame(lane msgStream, f *wire.Frame) error {
+	err := lane.RecvMsg(f)
+	if err != nil && status.Code(err) == codes.Internal {
+		return fmt.Errorf("%w: %w", transport.ErrMalformed, err)
+	}
+	return err
 }
 
 // end stops the readers; the gRPC streams themselves end with their owners.

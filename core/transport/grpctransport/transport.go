@@ -224,7 +224,7 @@ func (s *grpcServerStream) Identity() transport.PeerIdentity {
 func (s *grpcServerStream) Send(f *wire.Frame) error { return s.ss.SendMsg(f) }
 func (s *grpcServerStream) Recv() (*wire.Frame, error) {
 	f := &wire.Frame{Sink: s.sink}
-	if err := s.ss.RecvMsg(f); err != nil {
+	if err := recvFrame(s.ss, f); err != nil {
 		return nil, err
 	}
 	return f, nil

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/tensorplay/tensorplay-rpc/core/futex"
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -60,7 +61,7 @@ const publishStep = 512 << 10
 // or dead before it could) is rechecked this often.
 const spaceWaitSlice = 50 * time.Millisecond
 
-var errCorrupt = errors.New("shared-memory ring indices are inconsistent")
+var errCorrupt = fmt.Errorf("%w: shared-memory ring indices are inconsistent", transport.ErrMalformed)
 
 // ringWriter is the producer of one ring. Its methods are not safe for concurrent use.
 type ringWriter struct {
@@ -253,10 +254,10 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 	f := &wire.Frame{Sink: sink}
 	dec.Reset(r)
 	if err := f.DecodeMsgpack(dec); err != nil {
-		return nil, fmt.Errorf("bad frame: %w", err)
+		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
 	}
 	if err := r.end(); err != nil {
-		return nil, fmt.Errorf("bad frame: %w", err)
+		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
 	}
 	return f, nil
 }
@@ -270,7 +271,7 @@ func (r *ringReader) begin(maxLen int) (int, error) {
 	}
 	n := int(getUint32(prefix[:]))
 	if n > maxLen {
-		return 0, fmt.Errorf("peer announces a %d-byte frame, more than %d", n, maxLen)
+		return 0, fmt.Errorf("%w: it announces a %d-byte frame, more than %d", transport.ErrMalformed, n, maxLen)
 	}
 	// A frame that fits the ring is decoded only once all of it is there: a chunk's bytes go
 	// to memory reserved from the receive budget, and a peer that stopped halfway must not

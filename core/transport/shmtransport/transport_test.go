@@ -210,8 +210,8 @@ func TestHostileIndicesAreRefused(t *testing.T) {
 				// The client's outgoing ring is the server's incoming one, in the same memory.
 				c.corrupt(client.(*stream).lanes[ln].out.r.ctrl)
 				client.(*stream).wakePeer()
-				if _, err := server.Recv(); !errors.Is(err, errCorrupt) {
-					t.Fatalf("Recv: %v, want %v", err, errCorrupt)
+				if _, err := server.Recv(); !errors.Is(err, errCorrupt) || !errors.Is(err, transport.ErrMalformed) {
+					t.Fatalf("Recv: %v, want %v, reported as the peer's fault (transport.ErrMalformed)", err, errCorrupt)
 				}
 			})
 		}
@@ -239,8 +239,8 @@ func TestOversizedFrameLengthIsRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			w.publish()
-			if _, err := server.Recv(); err == nil || !strings.Contains(err.Error(), "more than") {
-				t.Fatalf("Recv: %v, want a refusal of the length", err)
+			if _, err := server.Recv(); !errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), "more than") {
+				t.Fatalf("Recv: %v, want a refusal of the length, as the peer's fault (transport.ErrMalformed)", err)
 			}
 		})
 	}

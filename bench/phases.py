@@ -53,7 +53,7 @@ def measure() -> None:
         fut = agent._send(agent.destination(1), (_agent._CALL, common.stamps, (), {}), -1, internal=True)  # as rpc_sync
         t1 = time.perf_counter()
         go_call = fut._go_call  # the reply's arrival, timed apart from reading it
-        while not go_call.Wait(100):
+        while not go_call.Wait(100, False):
             pass
         t2 = time.perf_counter()
         picked, ran = fut.wait()

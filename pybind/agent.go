@@ -82,14 +82,18 @@ func BeginStart(name string, rank, worldSize int, initMethod string, initTimeout
 	return s
 }
 
-// Wait waits up to timeoutMs for the join; it reports whether it is over.
-func (s *Starter) Wait(timeoutMs int) bool {
+// Wait waits up to timeoutMs for the join; it reports whether it is over. An interruptible
+// wait also returns, false, as a signal arrives (WatchInterrupts).
+func (s *Starter) Wait(timeoutMs int, interruptible bool) bool {
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
 	select {
 	case <-s.done:
 		return true
 	case <-t.C:
+		return false
+	case <-interruption(interruptible):
+		interruptTaken()
 		return false
 	}
 }
@@ -277,8 +281,9 @@ func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 }
 
 // WaitShutdown waits up to timeoutMs for the shutdown BeginShutdown started; it reports
-// whether it is done, and its error.
-func (a *Agent) WaitShutdown(timeoutMs int) (bool, error) {
+// whether it is done, and its error. An interruptible wait also returns, not done, as a
+// signal arrives (WatchInterrupts).
+func (a *Agent) WaitShutdown(timeoutMs int, interruptible bool) (bool, error) {
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
 	select {
@@ -286,6 +291,9 @@ func (a *Agent) WaitShutdown(timeoutMs int) (bool, error) {
 		logReader.CompareAndSwap(a, nil) // Python takes what is left itself (api.shutdown)
 		return true, a.shutdownErr
 	case <-t.C:
+		return false, nil
+	case <-interruption(interruptible):
+		interruptTaken()
 		return false, nil
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
@@ -14,6 +15,8 @@ type Call struct {
 	agent  *Agent
 	future *core.CallFuture
 	done   signal // fired when the future completes
+	// waits counts the Wait calls: only the first starts in the futex (see wait).
+	waits atomic.Int32
 
 	// A completion event is posted only for a call Python asked to be told about (Notify:
 	// the future has callbacks) and only if no Python thread is in Wait for it: a thread that
@@ -28,12 +31,13 @@ type Call struct {
 
 // Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
 // longer uses the request's memory. When it reports true, the caller must take the outcome
-// (Take, Result or Status): no completion event is posted for it.
-func (c *Call) Wait(timeoutMs int) bool {
+// (Take, Result or Status): no completion event is posted for it. An interruptible wait (the
+// main Python thread's) also returns, false, as a signal arrives (WatchInterrupts).
+func (c *Call) Wait(timeoutMs int, interruptible bool) bool {
 	c.notifyMu.Lock()
 	c.waiters++
 	c.notifyMu.Unlock()
-	done := c.wait(timeoutMs)
+	done := c.wait(timeoutMs, interruptible)
 	c.notifyMu.Lock()
 	c.waiters--
 	owed := c.eventOwed && !done && c.waiters == 0
@@ -59,9 +63,16 @@ func (c *Call) Notify(notifyID int64) {
 	}
 }
 
-func (c *Call) wait(timeoutMs int) bool {
+func (c *Call) wait(timeoutMs int, interruptible bool) bool {
 	d := time.Duration(timeoutMs) * time.Millisecond
-	if c.done.wait(min(d, hotWait)) {
+	// Only a call's first wait (of some time: done() asks with 0) starts in the futex: a
+	// thread back for another slice has waited a while already (see mailbox on what a futex
+	// wait costs an idle process).
+	var hot time.Duration
+	if d > 0 && c.waits.Add(1) == 1 {
+		hot = min(d, hotWait)
+	}
+	if c.done.wait(hot) {
 		select {
 		case <-c.future.Sent():
 			return true
@@ -71,15 +82,22 @@ func (c *Call) wait(timeoutMs int) bool {
 	// A long wait (see mailbox) or a big request: on channels, without holding a P.
 	t := time.NewTimer(d)
 	defer t.Stop()
+	signalled := interruption(interruptible)
 	select {
 	case <-c.future.Done():
 	case <-t.C:
+		return false
+	case <-signalled:
+		interruptTaken()
 		return false
 	}
 	select {
 	case <-c.future.Sent():
 		return true
 	case <-t.C:
+		return false
+	case <-signalled:
+		interruptTaken()
 		return false
 	}
 }

@@ -14,9 +14,12 @@ import (
 // the waker's P to that thread and parks the waker, two context switches more per wake-up
 // (expensive on a VM); a futex wakes the sleeping thread directly. But a thread asleep in a
 // futex keeps its P, which Go's sysmon must take back (polling every 20 us while it does), so
-// only the first hotWait of a wait is spent in the futex; an idle thread then waits on a
-// channel, without a P. An item goes to a thread in its futex first, so the threads that keep
-// busy keep the work.
+// only the first hotWait of a wait is spent in the futex, and only by a thread back from an
+// item (work comes in bursts); an idle thread waits on a channel, without a P. An idle process
+// so wakes no thread but for its timers: each futex wait of an idle thread had sysmon poll for
+// a millisecond (measured: 16 pool threads with 2 s waits cost an idle worker ~50 wake-ups a
+// second). An item goes to a thread in its futex first, so the threads that keep busy keep
+// the work.
 //
 // While a thread is busy with an item, or woken for one and not yet there, a new item waits
 // for it rather than waking another: handlers are mostly short, and a second thread would
@@ -162,11 +165,15 @@ func (m *mailbox[T]) wakeAll() {
 }
 
 // take returns the next item, waiting at most timeoutMs and not past closed; nil if none came.
-// back says the thread is done with the item it took last.
+// back says the thread is done with the item it took last: only then does it wait in its
+// futex first.
 func (m *mailbox[T]) take(timeoutMs int, back bool) *T {
 	d := time.Duration(timeoutMs) * time.Millisecond
 	start := time.Now()
-	hotUntil := start.Add(min(d, hotWait))
+	hotUntil := start
+	if back {
+		hotUntil = start.Add(min(d, hotWait))
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if back {

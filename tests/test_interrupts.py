@@ -9,9 +9,12 @@ import pytest
 # futex(2)'s number: a thread blocked in it is asleep in a wait (Go's, for a blocked call).
 FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
 
-# The README promises about 0.1 s (Python waits on Go in 100 ms slices); the rest is this
-# loaded 2-core machine's scheduling. A wait in slices of 0.5 s would mostly miss it.
+# The README promises about 0.1 s; the rest is this loaded 2-core machine's scheduling. A
+# wait in slices of 0.5 s would mostly miss it.
 INTERRUPT_BOUND_S = 0.3
+# A main thread's first wait slice is 0.1 s; the later ones (2 s) end only by the signal
+# itself: the SIGINT is sent once the call has blocked for longer than the first.
+PAST_THE_FIRST_SLICE_S = 0.4
 
 
 def main_thread_waits_in_futex(pid: int) -> bool:
@@ -20,7 +23,7 @@ def main_thread_waits_in_futex(pid: int) -> bool:
         return f.read().split()[0] == str(FUTEX)
 
 
-@pytest.mark.parametrize("what", ["rpc_sync", "wait", "wait_torch_future", "to_here", "init", "shutdown"])
+@pytest.mark.parametrize("what", ["rpc_sync", "wait", "wait_torch_future", "to_here", "init", "shutdown", "rpc_sync_with_a_wakeup_fd_of_its_own"])
 def test_sigint_interrupts_a_blocked_call(world, tmp_path, what):
     ready, report = tmp_path / "ready", tmp_path / "report"
     w = world("interrupts:blocked", 2, ranks=[0] if what == "init" else [0, 1], args=[what, str(ready), str(report)])
@@ -30,11 +33,14 @@ def test_sigint_interrupts_a_blocked_call(world, tmp_path, what):
     assert ready.exists(), "worker0 never got to the blocking call"
     # Blocked means asleep in a wait, seen on consecutive looks (a wait for the GIL on the
     # way in is brief): a SIGINT before the call blocks would not test the wait.
-    pid, seen = w.procs[0].pid, 0
-    while seen < 3 and time.monotonic() < deadline:
-        seen = seen + 1 if main_thread_waits_in_futex(pid) else 0
+    pid, seen, blocked_since = w.procs[0].pid, 0, time.monotonic()
+    while (seen < 3 or time.monotonic() - blocked_since < PAST_THE_FIRST_SLICE_S) and time.monotonic() < deadline:
+        if main_thread_waits_in_futex(pid):
+            seen += 1
+        else:
+            seen, blocked_since = 0, time.monotonic()
         time.sleep(0.02)
-    assert seen == 3, f"worker0's main thread never settled in a wait during {what}"
+    assert seen >= 3, f"worker0's main thread never settled in a wait during {what}"
     sent_at = time.monotonic()
     w.procs[0].send_signal(signal.SIGINT)
     result = w.finish(timeout=20) if what == "init" else None

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
-from . import _torch_store, constants, crosslang
+from . import _interrupts, _torch_store, constants, crosslang
 from ._buffers import BufferLike, SegmentTable, came_as_bytes, lent_view, new_bytearray, new_bytes, scratch
 from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
@@ -98,14 +98,13 @@ def _to_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-_SLICE_MS = _to_ms(WAIT_SLICE_S)
-
-
-def _wait_on_go(wait: Callable[[int], bool]) -> None:
-    """Block until ``wait(timeout_ms)`` (a Go wait) reports done, in slices: a signal such as
-    Ctrl-C reaches Python only when the Go call returns."""
-    while not wait(_SLICE_MS):
-        pass
+def _wait_on_go(wait: Callable[[int, bool], bool]) -> None:
+    """Block until ``wait(timeout_ms, interruptible)`` (a Go wait) reports done, in slices: a
+    signal such as Ctrl-C reaches Python only when the Go call returns (see _interrupts)."""
+    main = _interrupts.on_main_thread()
+    first = True
+    while not wait(_interrupts.slice_ms(first), main):
+        first = False
 
 
 _collecting = threading.local()
@@ -216,7 +215,7 @@ class _CallFuture(Future[Any]):
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
         go_call = self._go_call  # read once: another thread may settle the call meanwhile
-        if go_call is not None and not self._done and go_call.Wait(0):
+        if go_call is not None and not self._done and go_call.Wait(0, False):
             self._settle()
         return self._done
 
@@ -232,17 +231,22 @@ class _CallFuture(Future[Any]):
         if go_call is None or self._done:
             return True
         deadline = None if seconds is None else time.monotonic() + seconds
+        main = _interrupts.on_main_thread()
+        first = True
         try:
             while True:
-                slice_ms = _SLICE_MS if deadline is None else min(_SLICE_MS, max(0, _to_ms(deadline - time.monotonic())))
-                if go_call.Wait(slice_ms):
+                slice_ms = _interrupts.slice_ms(first)
+                first = False
+                if deadline is not None:
+                    slice_ms = min(slice_ms, max(0, _to_ms(deadline - time.monotonic())))
+                if go_call.Wait(slice_ms, main):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
         except BaseException:
             # Interrupted (Ctrl-C): a completion Go saw while this thread waited has no
             # event, so it is settled here.
-            if go_call.Wait(0):
+            if go_call.Wait(0, False):
                 self._settle()
             raise
         self._settle()
@@ -874,6 +878,7 @@ class TensorPipeAgent(RpcAgent):
             self.running = False
             raise
         self.running = False
+        _interrupts.disarm()
         self._completer.join(timeout=5)
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)
@@ -907,8 +912,8 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
     try:
         if meeting is not None and rank == 0:
             served = ""
-            while not served and not starter.Wait(0):
-                served = starter.ServedStore(_SLICE_MS)
+            while not served and not starter.Wait(0, False):
+                served = starter.ServedStore(_interrupts.SHORT_SLICE_MS)
             if served:
                 meeting.publish(served)
         _wait_on_go(starter.Wait)

@@ -20,8 +20,9 @@ UNSET_RPC_TIMEOUT: float = -1.0
 DEFAULT_SHUTDOWN_TIMEOUT: float = 0
 # The most bytes one call or reply may carry.
 DEFAULT_MAX_MESSAGE_SIZE: int = 4 << 30
-# Blocking waits return to Python this often, so Ctrl-C is seen promptly: a signal reaches
+# Blocking waits return to Python within this, so Ctrl-C is seen promptly: a signal reaches
 # Python only between calls into Go, and a condition wait wakes for it only on its own timeout.
+# A main thread's wait in Go that lasts longer is ended by the signal itself (_interrupts).
 WAIT_SLICE_S: float = 0.1
 # What every call that needs this process's agent raises before init_rpc and after shutdown
 # (torch's words, which scripts match on; the public calls say "has not been initialized").

@@ -23,8 +23,15 @@ def main_thread_waits_in_futex(pid: int) -> bool:
         return f.read().split()[0] == str(FUTEX)
 
 
-@pytest.mark.parametrize("what", ["rpc_sync", "wait", "wait_torch_future", "to_here", "init", "shutdown", "rpc_sync_with_a_wakeup_fd_of_its_own"])
-def test_sigint_interrupts_a_blocked_call(world, tmp_path, what):
+def main_thread_switches(pid: int) -> int:
+    """How many times the process's main thread has been switched out so far."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+
+
+def block_worker0(world, tmp_path, what):
+    """Start the interrupts world with worker0 blocking in ``what``; return it once worker0's
+    main thread has waited past its first wait slice."""
     ready, report = tmp_path / "ready", tmp_path / "report"
     w = world("interrupts:blocked", 2, ranks=[0] if what == "init" else [0, 1], args=[what, str(ready), str(report)])
     deadline = time.monotonic() + 30
@@ -41,11 +48,35 @@ def test_sigint_interrupts_a_blocked_call(world, tmp_path, what):
             seen, blocked_since = 0, time.monotonic()
         time.sleep(0.02)
     assert seen >= 3, f"worker0's main thread never settled in a wait during {what}"
+    return w, report
+
+
+def interrupt_worker0(w, report, what) -> float:
+    """SIGINT worker0 and return how long its KeyboardInterrupt took to come."""
     sent_at = time.monotonic()
     w.procs[0].send_signal(signal.SIGINT)
     result = w.finish(timeout=20) if what == "init" else None
     if result is None:
         w.procs[0].wait(timeout=20)
     assert w.procs[0].returncode == 0, open(w.logs[0]).read()
-    waited = float(report.read_text()) - sent_at
+    return float(report.read_text()) - sent_at
+
+
+@pytest.mark.parametrize("what", ["rpc_sync", "wait", "wait_torch_future", "to_here", "init", "shutdown", "rpc_sync_with_a_wakeup_fd_of_its_own"])
+def test_sigint_interrupts_a_blocked_call(world, tmp_path, what):
+    w, report = block_worker0(world, tmp_path, what)
+    waited = interrupt_worker0(w, report, what)
     assert waited < INTERRUPT_BOUND_S, f"KeyboardInterrupt came {waited:.2f}s after SIGINT"
+
+
+@pytest.mark.parametrize("what", ["rpc_sync", "shutdown"])
+def test_a_main_thread_blocked_in_go_is_not_woken_ten_times_a_second(world, tmp_path, what):
+    # Returning to Python every 100 ms would switch it out 30 times or more in 3 s; in 2 s
+    # slices, a few times.
+    w, report = block_worker0(world, tmp_path, what)
+    pid = w.procs[0].pid
+    before = main_thread_switches(pid)
+    time.sleep(3)  # the behaviour is about time: what a blocked main thread does in 3 s
+    switches = main_thread_switches(pid) - before
+    assert switches < 10, f"worker0's main thread was switched out {switches} times in 3 s while blocked in {what}"
+    assert interrupt_worker0(w, report, what) < INTERRUPT_BOUND_S

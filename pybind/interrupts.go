@@ -41,11 +41,21 @@ func WatchInterrupts(fd int) bool {
 				interrupted()
 			}
 			if err != nil {
+				interrupts.mu.Lock()
+				interrupts.watching = false // Python then waits in short slices again
+				interrupts.mu.Unlock()
 				return
 			}
 		}
 	}()
 	return true
+}
+
+// WatchingInterrupts reports whether a pipe is watched (WatchInterrupts), its reader alive.
+func WatchingInterrupts() bool {
+	interrupts.mu.Lock()
+	defer interrupts.mu.Unlock()
+	return interrupts.watching
 }
 
 // interrupted wakes every interruptible wait.

@@ -101,10 +101,9 @@ def _to_ms(seconds: float) -> int:
 def _wait_on_go(wait: Callable[[int, bool], bool]) -> None:
     """Block until ``wait(timeout_ms, interruptible)`` (a Go wait) reports done, in slices: a
     signal such as Ctrl-C reaches Python only when the Go call returns (see _interrupts)."""
-    main = _interrupts.on_main_thread()
-    first = True
-    while not wait(_interrupts.slice_ms(first), main):
-        first = False
+    slices = _interrupts.WaitSlices()
+    while not wait(slices.next_ms(), slices.interruptible):
+        pass
 
 
 _collecting = threading.local()
@@ -231,15 +230,13 @@ class _CallFuture(Future[Any]):
         if go_call is None or self._done:
             return True
         deadline = None if seconds is None else time.monotonic() + seconds
-        main = _interrupts.on_main_thread()
-        first = True
+        slices = _interrupts.WaitSlices()
         try:
             while True:
-                slice_ms = _interrupts.slice_ms(first)
-                first = False
+                slice_ms = slices.next_ms()
                 if deadline is not None:
                     slice_ms = min(slice_ms, max(0, _to_ms(deadline - time.monotonic())))
-                if go_call.Wait(slice_ms, main):
+                if go_call.Wait(slice_ms, slices.interruptible):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
@@ -877,8 +874,9 @@ class TensorPipeAgent(RpcAgent):
             # Ctrl-C: Go finishes closing on its own; the threads are daemons and end with it.
             self.running = False
             raise
+        finally:
+            _interrupts.disarm()
         self.running = False
-        _interrupts.disarm()
         self._completer.join(timeout=5)
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)

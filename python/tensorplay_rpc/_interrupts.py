@@ -24,52 +24,91 @@ from .constants import WAIT_SLICE_S
 LONG_SLICE_MS = 2000
 SHORT_SLICE_MS = max(1, round(WAIT_SLICE_S * 1000))
 
-_MAIN_IDENT = threading.main_thread().ident
-# The pipe's write end, once made: it lives as long as the process, read by Go.
+_main_ident = threading.main_thread().ident
+# The pipe's write end, once made; Go owns (and reads) the read end.
 _write_end: Optional[int] = None
-_lock = threading.Lock()
+# In a forked child the pipe is the parent's and Go does not run: short slices only.
+_forked = False
 
 
 def on_main_thread() -> bool:
     """Whether this is the thread Python runs signal handlers on."""
-    return threading.get_ident() == _MAIN_IDENT
+    return threading.get_ident() == _main_ident
 
 
 def _armed() -> bool:
     """Make the pipe Python's signal wakeup fd, unless another fd is; report whether it is.
-    Main thread only."""
+    Main thread only (a signal handler may call it again from within: nothing here waits)."""
     global _write_end
-    with _lock:
-        if _write_end is None:
+    if _forked:
+        return False
+    try:
+        if _write_end is None or not _go.WatchingInterrupts():
             read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            if not _go.WatchInterrupts(read_end):
+            if not _go.WatchInterrupts(read_end):  # a nested call got there first
                 os.close(read_end)
                 os.close(write_end)
                 return False
             _write_end = write_end
-    previous = signal.set_wakeup_fd(_write_end, warn_on_full_buffer=False)
-    if previous in (-1, _write_end):
-        return True
-    signal.set_wakeup_fd(previous)  # someone else's: theirs it stays
-    return False
+        previous = -1
+        try:
+            previous = signal.set_wakeup_fd(_write_end, warn_on_full_buffer=False)
+        finally:
+            if previous not in (-1, _write_end):
+                signal.set_wakeup_fd(previous)  # someone else's: theirs it stays
+    except (OSError, ValueError):  # out of descriptors, or not the main interpreter
+        return False
+    return previous in (-1, _write_end)
 
 
-def slice_ms(first: bool) -> int:
-    """How long this thread's next wait in Go may last before coming back to Python: a
-    main thread's first slice is short (most waits end within it, and arming costs two system
-    calls), its later ones long if a signal ends them."""
-    if not on_main_thread():
-        return LONG_SLICE_MS
-    if first:
-        return SHORT_SLICE_MS
-    return LONG_SLICE_MS if _armed() else SHORT_SLICE_MS
+class WaitSlices:
+    """The slices of one wait in Go, and whether the wait is ``interruptible`` (a signal ends
+    it: it is the main thread's). Whether the pipe is armed is settled once per wait, on its
+    second slice: most waits end within the first, and arming costs system calls."""
+
+    __slots__ = ("interruptible", "_later_ms", "_slices")
+
+    def __init__(self) -> None:
+        self.interruptible = on_main_thread()
+        self._later_ms = LONG_SLICE_MS
+        self._slices = 0
+
+    def next_ms(self) -> int:
+        """How long the next slice may last before the wait comes back to Python."""
+        self._slices += 1
+        if not self.interruptible:
+            return LONG_SLICE_MS
+        if self._slices == 1:
+            return SHORT_SLICE_MS
+        if self._slices == 2 and not _armed():
+            self._later_ms = SHORT_SLICE_MS
+        return self._later_ms
 
 
 def disarm() -> None:
     """Give back Python's signal wakeup fd, if it is the pipe (at shutdown, on the main
     thread)."""
-    if _write_end is None or not on_main_thread():
+    if _write_end is None or _forked or not on_main_thread():
         return
-    previous = signal.set_wakeup_fd(-1)
-    if previous not in (-1, _write_end):
-        signal.set_wakeup_fd(previous)
+    _give_back()
+
+
+def _give_back() -> None:
+    """Unset the pipe as Python's signal wakeup fd; another program's stays."""
+    try:
+        previous = signal.set_wakeup_fd(-1)
+        if previous not in (-1, _write_end):
+            signal.set_wakeup_fd(previous)
+    except (OSError, ValueError):
+        pass
+
+
+def _after_fork_in_child() -> None:
+    global _forked, _main_ident
+    _main_ident = threading.get_ident()  # the thread that forked is the child's only one
+    if _write_end is not None:
+        _forked = True
+        _give_back()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -8,7 +8,7 @@ import time
 import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 
-from .common import ForgedRRef, add, error_of, init, raise_custom, raise_value_error, slow, track_concurrency, max_concurrency, whoami
+from .common import ForgedRRef, add, error_of, init, raise_custom, raise_value_error, sleeping_now, slow, track_concurrency, max_concurrency, whoami
 
 
 def all_to_all(rank, world_size):
@@ -231,12 +231,18 @@ def non_graceful(rank, world_size):
         # Leave only once worker0 has shut down (a call to it then fails), so that its pending
         # call fails for its own shutdown, not for this worker leaving first.
         deadline = time.monotonic() + 30
-        while error_of(lambda: rpc.rpc_sync("worker0", add, args=(1, 1), timeout=5)) is None:
+        while error_of(lambda: rpc.rpc_sync("worker0", add, args=(1, 1), timeout=5)) == (None, None):
             assert time.monotonic() < deadline, "worker0 did not shut down within 30 s"
             time.sleep(0.02)
         rpc.shutdown(graceful=False)
         return None
     fut = rpc.rpc_async("worker1", slow, args=(30,))
+    # The call is running on worker1 (its stream is open) before this worker shuts down: a
+    # call still dialing when worker1 leaves would fail for worker1 being gone instead.
+    deadline = time.monotonic() + 30
+    while rpc.rpc_sync("worker1", sleeping_now) < 1:
+        assert time.monotonic() < deadline, "the call never ran on worker1"
+        time.sleep(0.01)
     start = time.monotonic()
     rpc.shutdown(graceful=False)
     took = time.monotonic() - start

@@ -172,6 +172,8 @@ type ringReader struct {
 	// here, not read again from the ring, which the peer may have changed meanwhile.
 	last   byte
 	replay bool
+	// waitErr is why waiting for more of the current frame failed, if it did.
+	waitErr error
 }
 
 // ready reports, without waiting, whether a whole frame can be read (for a frame bigger than the
@@ -253,7 +255,13 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 	}
 	f := &wire.Frame{Sink: sink}
 	dec.Reset(r)
+	r.waitErr = nil
 	if err := f.DecodeMsgpack(dec); err != nil {
+		if r.waitErr != nil {
+			// A frame bigger than the ring is decoded as it comes: it was cut short (the
+			// peer is gone, the stream closed), not malformed.
+			return nil, r.waitErr
+		}
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
 	}
 	if err := r.end(); err != nil {
@@ -312,6 +320,7 @@ func (r *ringReader) Read(p []byte) (int, error) {
 	}
 	avail, err := r.available()
 	if err != nil {
+		r.waitErr = err
 		return 0, err
 	}
 	n := min(uint64(len(p)), avail, uint64(r.left))
@@ -335,6 +344,7 @@ func (r *ringReader) ReadByte() (byte, error) {
 		r.replay = false
 	} else {
 		if _, err := r.available(); err != nil {
+			r.waitErr = err
 			return 0, err
 		}
 		r.last = r.r.data[r.tail&(r.r.size-1)]

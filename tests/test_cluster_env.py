@@ -78,5 +78,5 @@ def test_under_a_real_mpirun(tmp_path):
     finally:
         end_processes([proc])
     assert proc.returncode == 0, out
-    seen = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda w: w["id"])
+    seen = sorted((json.loads(p.read_text()) for p in tmp_path.glob("seen-*.json")), key=lambda w: w["id"])
     assert seen == [{"name": f"w{i}", "id": i, "peer": [f"w{(i + 1) % 3}", (i + 1) % 3]} for i in range(3)], out

@@ -89,15 +89,14 @@ func (a *Agent) serveStream(s transport.Stream) {
 	defer incoming.close()
 	for {
 		fr, err := s.Recv()
-		if err != nil {
-			// Bytes that are no frame are the caller's fault; any other error is the stream
-			// ending (the caller closed it or left, or this worker shuts down).
-			if errors.Is(err, transport.ErrMalformed) && ctx.Err() == nil {
-				a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)
-			}
-			return
+		var msg Message
+		var refused error
+		switch {
+		case err == nil:
+			fr, msg, refused, err = incoming.add(fr)
+		case !errors.Is(err, transport.ErrMalformed):
+			return // the stream ended: the caller closed it or left, or this worker shuts down
 		}
-		fr, msg, refused, err := incoming.add(fr)
 		if err != nil {
 			if ctx.Err() == nil {
 				a.log.Warn("tensorplay-rpc: dropped a caller that broke the protocol", "from", caller.Name, "err", err)

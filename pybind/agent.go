@@ -87,15 +87,7 @@ func BeginStart(name string, rank, worldSize int, initMethod string, initTimeout
 func (s *Starter) Wait(timeoutMs int, interruptible bool) bool {
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
-	select {
-	case <-s.done:
-		return true
-	case <-t.C:
-		return false
-	case <-interruption(interruptible):
-		interruptTaken()
-		return false
-	}
+	return awaitClose(s.done, t.C, interruptible)
 }
 
 // ServedStore waits up to timeoutMs for rank 0's rendezvous store to listen and returns its
@@ -286,14 +278,9 @@ func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 func (a *Agent) WaitShutdown(timeoutMs int, interruptible bool) (bool, error) {
 	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer t.Stop()
-	select {
-	case <-a.shutdownDone:
-		logReader.CompareAndSwap(a, nil) // Python takes what is left itself (api.shutdown)
-		return true, a.shutdownErr
-	case <-t.C:
-		return false, nil
-	case <-interruption(interruptible):
-		interruptTaken()
+	if !awaitClose(a.shutdownDone, t.C, interruptible) {
 		return false, nil
 	}
+	logReader.CompareAndSwap(a, nil) // Python takes what is left itself (api.shutdown)
+	return true, a.shutdownErr
 }

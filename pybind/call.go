@@ -82,24 +82,7 @@ func (c *Call) wait(timeoutMs int, interruptible bool) bool {
 	// A long wait (see mailbox) or a big request: on channels, without holding a P.
 	t := time.NewTimer(d)
 	defer t.Stop()
-	signalled := interruption(interruptible)
-	select {
-	case <-c.future.Done():
-	case <-t.C:
-		return false
-	case <-signalled:
-		interruptTaken()
-		return false
-	}
-	select {
-	case <-c.future.Sent():
-		return true
-	case <-t.C:
-		return false
-	case <-signalled:
-		interruptTaken()
-		return false
-	}
+	return awaitClose(c.future.Done(), t.C, interruptible) && awaitClose(c.future.Sent(), t.C, interruptible)
 }
 
 func (c *Call) outcome() (*Segments, error) {

@@ -3,6 +3,7 @@ package pybind
 import (
 	"os"
 	"sync"
+	"time"
 )
 
 // Python runs a signal's handler (Ctrl-C's KeyboardInterrupt) on its main thread, and only once
@@ -90,9 +91,18 @@ var closedChan = func() chan struct{} {
 	return c
 }()
 
-// interruptTaken says a wait returned for a signal: the signal is taken.
-func interruptTaken() {
-	interrupts.mu.Lock()
-	interrupts.pending = false
-	interrupts.mu.Unlock()
+// awaitClose waits for done to close, until timeout fires or, if interruptible, a signal
+// comes (which it then takes); it reports whether done closed.
+func awaitClose(done <-chan struct{}, timeout <-chan time.Time, interruptible bool) bool {
+	select {
+	case <-done:
+		return true
+	case <-timeout:
+		return false
+	case <-interruption(interruptible):
+		interrupts.mu.Lock()
+		interrupts.pending = false
+		interrupts.mu.Unlock()
+		return false
+	}
 }

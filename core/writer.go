@@ -207,9 +207,10 @@ func (w *frameWriter) next() (f *wire.Frame, m *outMessage, done bool, err error
 			m.finish()
 			continue
 		case m.aborted:
+			// m is finished once the abort is sent: a peer reading lent memory may still be
+			// reading an earlier chunk.
 			w.finished(m)
-			m.finish()
-			return &wire.Frame{Kind: wire.FrameAbort, ID: m.header.ID}, nil, false, nil
+			return &wire.Frame{Kind: wire.FrameAbort, ID: m.header.ID}, m, true, nil
 		case !m.started:
 			m.started = true
 			w.underWay += m.total
@@ -302,9 +303,19 @@ func (w *frameWriter) run() {
 			return
 		}
 		if done {
-			m.finish()
+			w.release(m)
 		}
 	}
+}
+
+// release finishes m once it is sent. A big message's last chunks may still be read from m's
+// memory by the peer (transport.Lending): its memory is given back once the peer has read them.
+func (w *frameWriter) release(m *outMessage) {
+	if lending, ok := w.stream.(transport.Lending); ok && m.started {
+		// An error means the stream ended: nothing more is read from m.
+		_ = lending.Settle()
+	}
+	m.finish()
 }
 
 // drain releases every big message still queued once the writer has failed.

@@ -1,12 +1,17 @@
 package core
 
 import (
+	"bytes"
+	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -174,5 +179,161 @@ func TestSmallFramesKeepTheirOrder(t *testing.T) {
 		if id != uint64(i) {
 			t.Fatalf("frame %d left as number %d: out of order", id, i)
 		}
+	}
+}
+
+// TestLentMessageMemoryIsKeptUntilThePeerReadIt: over shared memory a big message's chunks
+// are lent (read by the receiver from the sender's memory when it gets to them), so the
+// writer gives the memory back (onSent, after which a caller may reuse it) only once the
+// receiver has read them, however late it reads.
+func TestLentMessageMemoryIsKeptUntilThePeerReadIt(t *testing.T) {
+	lt, err := shmtransport.New("", shmtransport.MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lt.Close()
+	dt, err := shmtransport.New("", shmtransport.MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dt.Close()
+	accepted := make(chan transport.Stream, 1)
+	addr, err := lt.Listen("", func(s transport.Stream) { accepted <- s; select {} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client, err := dt.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := client.(transport.Lending); !ok {
+		t.Fatal("the shared-memory stream does not lend: the test would prove nothing")
+	}
+	w := newFrameWriter(client, 256<<10, func(error) {})
+	defer w.close(ErrShutdown)
+	if err := w.sendFrame(wire.HelloFrame("w0", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	want := bytes.Clone(data)
+	_, err = w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: data}, func() { clear(data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var server transport.Stream
+	select {
+	case server = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream was not served")
+	}
+	time.Sleep(100 * time.Millisecond) // a late reader; the outcome does not depend on it
+	got := make([]byte, 0, len(data))
+	for len(got) < len(data) {
+		f, err := server.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Kind == wire.FrameChunk {
+			got = append(got, f.Payload...)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the message arrived changed: its memory was given back before the receiver read it")
+	}
+}
+
+// settlingStream is a Lending stream that records, in order, what was sent and when the
+// writer settled.
+type settlingStream struct {
+	recordingStream
+	events []string
+}
+
+func (s *settlingStream) Send(f *wire.Frame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, fmt.Sprintf("send %d", f.Kind))
+	return nil
+}
+
+func (s *settlingStream) Settle() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, "settle")
+	return nil
+}
+
+func (s *settlingStream) note(event string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, event)
+}
+
+// TestBigMessageIsGivenBackAfterSettling: whether a big message is sent whole or aborted
+// partway, its memory is given back only after its last frame is sent and the stream settled;
+// a small one's at once.
+func TestBigMessageIsGivenBackAfterSettling(t *testing.T) {
+	chunk, header, abort := fmt.Sprintf("send %d", wire.FrameChunk), fmt.Sprintf("send %d", wire.FrameRequest), fmt.Sprintf("send %d", wire.FrameAbort)
+	cases := []struct {
+		name  string
+		size  int
+		abort bool
+		want  []string
+	}{
+		{"small", 100, false, []string{header, "given back"}},
+		{"big", 2 << 10, false, []string{header, chunk, chunk, "settle", "given back"}},
+		{"big, aborted", 64 << 10, true, []string{header, chunk, abort, "settle", "given back"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := &settlingStream{}
+			w := newFrameWriter(s, 1<<10, func(error) {})
+			defer w.close(ErrShutdown)
+			var out *outMessage
+			var err error
+			onSent := func() { s.note("given back") }
+			if c.abort {
+				// As if the header and a chunk were sent, then abort; the writer (which takes
+				// sendMu before it looks at the queue) waits meanwhile.
+				w.sendMu.Lock()
+				out, err = w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: make([]byte, c.size)}, onSent)
+				w.mu.Lock()
+				out.started, out.offset, out.aborted = true, 1<<10, true
+				w.underWay, w.underWayCount = out.total, 1
+				s.note(header)
+				s.note(chunk)
+				w.mu.Unlock()
+				w.sendMu.Unlock()
+				w.kick()
+			} else {
+				out, err = w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: make([]byte, c.size)}, onSent)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-out.sent:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the message was not given back")
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				s.mu.Lock()
+				got := slices.Clone(s.events)
+				s.mu.Unlock()
+				if slices.Equal(got, c.want) {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("events %v, want %v", got, c.want)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
 	}
 }

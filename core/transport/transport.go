@@ -41,6 +41,16 @@ type Laned interface {
 	BulkLane()
 }
 
+// Lending is implemented by streams whose peer may read a sent frame's big byte strings from
+// the sender's memory after Send returns (shared memory between processes, read across them):
+// the sender keeps the memory of a big message's chunks unchanged until Settle returns.
+type Lending interface {
+	Stream
+	// Settle returns once the peer has read every chunk sent so far, or the stream has ended
+	// (the error says why).
+	Settle() error
+}
+
 // Bulk reports whether f belongs in a big message's lane: its header (it gives the sizes of the
 // data to come), its chunks, or its abort.
 func Bulk(f *wire.Frame) bool {

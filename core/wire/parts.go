@@ -14,10 +14,11 @@ const inlineBytes = 4096
 // writes. The frame's big byte strings (payload, buffers) are referenced, not copied, so a
 // transport that moves the pieces into memory of its own copies them once.
 type Parts struct {
-	scratch bytes.Buffer
-	marks   []partMark
-	pieces  [][]byte
-	enc     *msgpack.Encoder
+	scratch    bytes.Buffer
+	marks      []partMark
+	pieces     [][]byte
+	referenced []bool
+	enc        *msgpack.Encoder
 }
 
 // partMark is one piece: scratch[start:end], or data when data is set.
@@ -70,7 +71,7 @@ func (p *Parts) Encode(f *Frame) ([][]byte, int, error) {
 		return nil, 0, err
 	}
 	p.marks = append(p.marks, partMark{start: start, end: p.scratch.Len()})
-	p.pieces = p.pieces[:0]
+	p.pieces, p.referenced = p.pieces[:0], p.referenced[:0]
 	total := 0
 	all := p.scratch.Bytes()
 	for _, m := range p.marks {
@@ -80,8 +81,13 @@ func (p *Parts) Encode(f *Frame) ([][]byte, int, error) {
 		}
 		if len(piece) > 0 {
 			p.pieces = append(p.pieces, piece)
+			p.referenced = append(p.referenced, m.data != nil)
 			total += len(piece)
 		}
 	}
 	return p.pieces, total, nil
 }
+
+// Referenced reports whether piece i of the last Encode is the frame's own memory (a big byte
+// string), not the encoder's: it is valid for as long as the frame's memory is.
+func (p *Parts) Referenced(i int) bool { return p.referenced[i] }

@@ -20,7 +20,9 @@ import (
 //	listener: handshakeOK once it has checked and mapped the region
 //
 // The listener checks the token and the peer's user before it accepts any file descriptor, and
-// checks the region's seals and size before it maps it.
+// checks the region's seals and size before it maps it. Each side offers to lend the other big
+// byte strings, and checks whether it can read what the other lends (lending.go), before its
+// last step: the dialer before it sends the region, the listener before its last OK.
 var handshakeMagic = []byte("tprpcshm1")
 
 const (
@@ -36,11 +38,12 @@ const (
 var ErrRefused = errors.New("the worker refused the shared-memory stream (a different token, or a different user)")
 
 // dialHandshake sets up a stream as the dialer: it creates the region, so it writes ring 0.
-func dialHandshake(conn *net.UnixConn, token string, ringBytes int) (mem []byte, err error) {
+// lender is the listener's process if this side reads what it lends (readLender), else 0.
+func dialHandshake(conn *net.UnixConn, token string, ringBytes int, readLender bool) (mem []byte, lender int, err error) {
 	// Abstract socket names have no permissions: after a worker exits, another user could
 	// bind its name. The token goes only to a listener of this user.
 	if uid, ok := peerUID(conn); !ok || uid != os.Getuid() {
-		return nil, fmt.Errorf("%w: the socket belongs to another user", ErrRefused)
+		return nil, 0, fmt.Errorf("%w: the socket belongs to another user", ErrRefused)
 	}
 	hello := make([]byte, 0, len(handshakeMagic)+4+len(token))
 	hello = append(hello, handshakeMagic...)
@@ -48,27 +51,31 @@ func dialHandshake(conn *net.UnixConn, token string, ringBytes int) (mem []byte,
 	putUint32(hello[len(handshakeMagic):], uint32(len(token)))
 	hello = append(hello, token...)
 	if _, err := conn.Write(hello); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := expectOK(conn); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	fd, mem, err := createRegion(ringBytes)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer unix.Close(fd) // the mapping keeps the memory; the peer gets its own descriptor
+	offerLending(mem, ringBytes, 0)
 	var size [4]byte
 	putUint32(size[:], uint32(ringBytes))
 	if _, _, err := conn.WriteMsgUnix(size[:], unix.UnixRights(fd), nil); err != nil {
 		unix.Munmap(mem)
-		return nil, err
+		return nil, 0, err
 	}
 	if err := expectOK(conn); err != nil {
 		unix.Munmap(mem)
-		return nil, err
+		return nil, 0, err
 	}
-	return mem, nil
+	if readLender {
+		lender = acceptLending(mem, ringBytes, 1, peerPID(conn))
+	}
+	return mem, lender, nil
 }
 
 func expectOK(conn *net.UnixConn) error {
@@ -86,29 +93,30 @@ func expectOK(conn *net.UnixConn) error {
 }
 
 // acceptHandshake sets up a stream as the listener, checking the dialer with checkToken.
-func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from string) bool) (mem []byte, ringBytes int, err error) {
+// lender is the dialer's process if this side reads what it lends (readLender), else 0.
+func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from string) bool, readLender bool) (mem []byte, ringBytes, lender int, err error) {
 	from := peerName(conn)
 	head := make([]byte, len(handshakeMagic)+4)
 	if _, err := io.ReadFull(conn, head); err != nil {
-		return nil, 0, fmt.Errorf("read the hello of %s: %w", from, err)
+		return nil, 0, 0, fmt.Errorf("read the hello of %s: %w", from, err)
 	}
 	if !bytes.Equal(head[:len(handshakeMagic)], handshakeMagic) {
-		return nil, 0, fmt.Errorf("%s did not open with the shared-memory handshake", from)
+		return nil, 0, 0, fmt.Errorf("%s did not open with the shared-memory handshake", from)
 	}
 	n := getUint32(head[len(handshakeMagic):])
 	if n > maxTokenBytes {
-		return nil, 0, fmt.Errorf("%s presents a %d-byte token, more than %d", from, n, maxTokenBytes)
+		return nil, 0, 0, fmt.Errorf("%s presents a %d-byte token, more than %d", from, n, maxTokenBytes)
 	}
 	token := make([]byte, n)
 	if _, err := io.ReadFull(conn, token); err != nil {
-		return nil, 0, fmt.Errorf("read the token of %s: %w", from, err)
+		return nil, 0, 0, fmt.Errorf("read the token of %s: %w", from, err)
 	}
 	if uid, ok := peerUID(conn); !ok || uid != os.Getuid() || !checkToken(token, from) {
 		conn.Write([]byte{handshakeRefused})
-		return nil, 0, fmt.Errorf("refused %s: it is another user's or lacks the world's token", from)
+		return nil, 0, 0, fmt.Errorf("refused %s: it is another user's or lacks the world's token", from)
 	}
 	if _, err := conn.Write([]byte{handshakeOK}); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	var size [4]byte
 	oob := make([]byte, unix.CmsgSpace(4*4)) // room for a few descriptors, so extras are seen and closed
@@ -120,20 +128,24 @@ func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from stri
 		}
 	}()
 	if err != nil {
-		return nil, 0, fmt.Errorf("read the region of %s: %w", from, err)
+		return nil, 0, 0, fmt.Errorf("read the region of %s: %w", from, err)
 	}
 	if k != len(size) || len(fds) != 1 {
-		return nil, 0, fmt.Errorf("%s sent %d bytes and %d descriptors, want 4 and 1", from, k, len(fds))
+		return nil, 0, 0, fmt.Errorf("%s sent %d bytes and %d descriptors, want 4 and 1", from, k, len(fds))
 	}
 	ringBytes = int(getUint32(size[:]))
 	if mem, err = mapPeerRegion(fds[0], ringBytes); err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", from, err)
+		return nil, 0, 0, fmt.Errorf("%s: %w", from, err)
+	}
+	offerLending(mem, ringBytes, 1)
+	if readLender {
+		lender = acceptLending(mem, ringBytes, 0, peerPID(conn))
 	}
 	if _, err := conn.Write([]byte{handshakeOK}); err != nil {
 		unix.Munmap(mem)
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
-	return mem, ringBytes, nil
+	return mem, ringBytes, lender, nil
 }
 
 // receivedFDs is every descriptor in a control message, well-formed or not.
@@ -151,33 +163,42 @@ func receivedFDs(oob []byte) []int {
 	return fds
 }
 
-// peerUID is the user of the process at the other end of conn.
-func peerUID(conn *net.UnixConn) (int, bool) {
+// peerCred is the user and process at the other end of conn, as the kernel saw them when the
+// socket connected.
+func peerCred(conn *net.UnixConn) (*unix.Ucred, bool) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	var cred *unix.Ucred
 	raw.Control(func(fd uintptr) {
 		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	})
-	if err != nil || cred == nil {
+	return cred, err == nil && cred != nil
+}
+
+// peerUID is the user of the process at the other end of conn.
+func peerUID(conn *net.UnixConn) (int, bool) {
+	cred, ok := peerCred(conn)
+	if !ok {
 		return 0, false
 	}
 	return int(cred.Uid), true
 }
 
+// peerPID is the process at the other end of conn (0 if unknown, as from another PID
+// namespace).
+func peerPID(conn *net.UnixConn) int {
+	if cred, ok := peerCred(conn); ok {
+		return int(cred.Pid)
+	}
+	return 0
+}
+
 // peerName names the process at the other end of conn, for logs and errors.
 func peerName(conn *net.UnixConn) string {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return "a local process"
+	if pid := peerPID(conn); pid != 0 {
+		return fmt.Sprintf("local process %d", pid)
 	}
-	name := "a local process"
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			name = fmt.Sprintf("local process %d", cred.Pid)
-		}
-	})
-	return name
+	return "a local process"
 }

@@ -31,6 +31,14 @@ type ringCtrl struct {
 	// spaceSeq, the futex word the producer sleeps on.
 	writerAsleep atomic.Uint32
 	spaceSeq     atomic.Uint32
+	_            [56]byte
+	// lenderBase is where the producer's process maps the region, and probe bytes the
+	// consumer wrote to find there; the consumer sets readsLender once it has (lending.go),
+	// and the producer may then lend it big byte strings instead of copying them in.
+	lenderBase  atomic.Uint64
+	readsLender atomic.Uint32
+	_           [4]byte
+	probe       [16]byte
 }
 
 // ring is one direction of a stream: its control block and data area in a mapped region.
@@ -68,6 +76,13 @@ type ringWriter struct {
 	r         ring
 	head      uint64 // bytes written, published or not
 	published uint64 // the head the consumer can see
+	// lentTo is the head after the last frame that lent memory: the consumer has read all it
+	// lent once it releases the ring up to here.
+	lentTo uint64
+	spans  []lentSpan
+	// lent is the frames whose lent memory the consumer may still be reading, lentBytes theirs.
+	lent      []lentFrame
+	lentBytes int
 	// wake tells the consumer, asleep on the socket, that there is data.
 	wake func() error
 	// broken is non-nil once the stream cannot go on (closed, or the peer gone).
@@ -126,15 +141,22 @@ func (w *ringWriter) space() (uint64, error) {
 		if err := w.publish(); err != nil {
 			return 0, err
 		}
-		seq := ctrl.spaceSeq.Load()
-		ctrl.writerAsleep.Store(1)
-		if ctrl.tail.Load() == tail {
-			futex.Sleep(&ctrl.spaceSeq, seq, spaceWaitSlice)
-		}
-		if err := w.broken(); err != nil {
+		if err := w.awaitRelease(tail); err != nil {
 			return 0, err
 		}
 	}
+}
+
+// awaitRelease sleeps until the consumer releases bytes past tail, or for a wait slice, and
+// reports whether the stream can go on.
+func (w *ringWriter) awaitRelease(tail uint64) error {
+	ctrl := w.r.ctrl
+	seq := ctrl.spaceSeq.Load()
+	ctrl.writerAsleep.Store(1)
+	if ctrl.tail.Load() == tail {
+		futex.Sleep(&ctrl.spaceSeq, seq, spaceWaitSlice)
+	}
+	return w.broken()
 }
 
 // publish makes the bytes written visible and wakes a sleeping consumer.
@@ -174,6 +196,12 @@ type ringReader struct {
 	replay bool
 	// waitErr is why waiting for more of the current frame failed, if it did.
 	waitErr error
+	// lender is the producer's process if this reader reads what it lends (0: it does not,
+	// and a frame that lends memory is malformed); spans is what the current frame lends and
+	// frameLen its length.
+	lender   int
+	spans    []lentSpan
+	frameLen int
 }
 
 // ready reports, without waiting, whether a whole frame can be read (for a frame bigger than the
@@ -191,7 +219,7 @@ func (r *ringReader) ready() (bool, error) {
 	at := r.tail & (r.r.size - 1)
 	k := copy(prefix[:], r.r.data[at:])
 	copy(prefix[k:], r.r.data)
-	n := uint64(getUint32(prefix[:]))
+	n := uint64(getUint32(prefix[:]) &^ lendsFlag)
 	return n > r.r.size-uint64(len(prefix)) || head-r.tail >= uint64(len(prefix))+n, nil
 }
 
@@ -273,11 +301,16 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 // begin starts reading the next frame and returns its length, at most maxLen.
 func (r *ringReader) begin(maxLen int) (int, error) {
 	var prefix [4]byte
+	r.spans = r.spans[:0]
 	r.left = len(prefix)
 	if _, err := io.ReadFull(r, prefix[:]); err != nil {
 		return 0, err
 	}
-	n := int(getUint32(prefix[:]))
+	word := getUint32(prefix[:])
+	if word&lendsFlag != 0 {
+		return r.beginLending(int(word&^lendsFlag), maxLen)
+	}
+	n := int(word)
 	if n > maxLen {
 		return 0, fmt.Errorf("%w: it announces a %d-byte frame, more than %d", transport.ErrMalformed, n, maxLen)
 	}
@@ -299,7 +332,9 @@ func (r *ringReader) end() error {
 		return fmt.Errorf("frame has %d bytes after its encoding", r.left)
 	}
 	r.unread = false
-	if r.tail-r.released >= min(publishStep, r.r.size/4) {
+	// A frame that lent memory is released at once: its producer may be waiting to reuse it.
+	if r.tail-r.released >= min(publishStep, r.r.size/4) || len(r.spans) > 0 {
+		r.spans = r.spans[:0]
 		r.release()
 	}
 	return nil
@@ -318,12 +353,20 @@ func (r *ringReader) Read(p []byte) (int, error) {
 		r.left--
 		return 1, nil
 	}
+	inRing := r.left
+	if len(r.spans) > 0 {
+		n, lent, err := r.readLent(p)
+		if lent || err != nil {
+			return n, err
+		}
+		inRing = n
+	}
 	avail, err := r.available()
 	if err != nil {
 		r.waitErr = err
 		return 0, err
 	}
-	n := min(uint64(len(p)), avail, uint64(r.left))
+	n := min(uint64(len(p)), avail, uint64(inRing))
 	at := r.tail & (r.r.size - 1)
 	k := uint64(copy(p[:n], r.r.data[at:]))
 	copy(p[k:n], r.r.data)
@@ -343,6 +386,9 @@ func (r *ringReader) ReadByte() (byte, error) {
 	if r.replay {
 		r.replay = false
 	} else {
+		if r.inSpan() {
+			return 0, fmt.Errorf("%w: a lent byte string where the frame's encoding is", transport.ErrMalformed)
+		}
 		if _, err := r.available(); err != nil {
 			r.waitErr = err
 			return 0, err

@@ -3,6 +3,7 @@ package shmtransport
 import (
 	"encoding/binary"
 	"errors"
+	"os"
 	"testing"
 	"unsafe"
 
@@ -27,6 +28,15 @@ func FuzzRingReader(f *testing.F) {
 	f.Add(uint64(1<<40), uint64(0), seed)
 	f.Add(uint64(3), uint64(5), []byte{0xff, 0xff, 0xff, 0x7f})
 	f.Add(uint64(len(seed)), uint64(MinRingBytes-3), seed) // a frame that wraps the ring's end
+	// A chunk whose bytes are lent (lending.go), from this process's memory.
+	words := make([]uint64, regionBytes(MinRingBytes)/8)
+	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+	w := &ringWriter{r: ringAt(mem, laneBulk, 0, MinRingBytes), wake: func() error { return nil }, broken: func() error { return nil }}
+	lent, lentTotal, _ := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 7, Payload: make([]byte, minLentBytes)})
+	if err := w.writeLending(lent, p.Referenced, lentTotal); err != nil || w.lentTo == 0 {
+		f.Fatalf("no lending frame to start from: %v", err)
+	}
+	f.Add(w.head, uint64(0), append([]byte(nil), w.r.data[:w.head]...))
 	f.Fuzz(func(t *testing.T, written, start uint64, data []byte) {
 		words := make([]uint64, regionBytes(MinRingBytes)/8) // 8-byte aligned, as a mapping is
 		mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
@@ -37,7 +47,7 @@ func FuzzRingReader(f *testing.F) {
 		}
 		rg.ctrl.head.Store(start + written)
 		rg.ctrl.tail.Store(start)
-		r := &ringReader{r: rg, tail: start, released: start, head: start, sleep: func() error { return errNoMoreData }}
+		r := &ringReader{r: rg, tail: start, released: start, head: start, sleep: func() error { return errNoMoreData }, lender: os.Getpid()}
 		dec := msgpack.NewDecoder(nil)
 		sink := func(id uint64, offset int64, n int) ([]byte, bool) { return make([]byte, min(n, 1<<20)), n <= 1<<20 }
 		for range 64 {

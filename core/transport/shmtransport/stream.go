@@ -63,6 +63,7 @@ var (
 	_ transport.SinkSetter       = (*stream)(nil)
 	_ transport.IdentifiedStream = (*stream)(nil)
 	_ transport.Laned            = (*stream)(nil)
+	_ transport.Lending          = (*stream)(nil)
 )
 
 // BulkLane implements transport.Laned.
@@ -73,15 +74,16 @@ func (s *stream) Identity() transport.PeerIdentity {
 	return transport.PeerIdentity{HostAddrPrefix: s.hostAddrPrefix}
 }
 
-// newStream runs over mem, writing direction out of each lane and reading direction 1-out.
-func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, peer string) *stream {
+// newStream runs over mem, writing direction out of each lane and reading direction 1-out;
+// lender is the peer's process if this side reads what it lends (0: it does not).
+func newStream(conn *net.UnixConn, mem []byte, ringBytes, out, lender int, peer string) *stream {
 	s := &stream{conn: conn, mem: mem, peer: peer, done: make(chan struct{})}
 	for i := range s.lanes {
 		l := &s.lanes[i]
 		l.out = ringWriter{r: ringAt(mem, i, out, ringBytes), wake: s.wakePeer, broken: s.broken}
 		// The reader checks only whether the stream ended: it learns of the peer's death from
 		// its own read of the socket, so it needs no poll of it on every wait.
-		l.in = ringReader{r: ringAt(mem, i, 1-out, ringBytes), sleep: s.sleep, broken: s.goneErr}
+		l.in = ringReader{r: ringAt(mem, i, 1-out, ringBytes), sleep: s.sleep, broken: s.goneErr, lender: lender}
 		l.dec = msgpack.NewDecoder(nil)
 	}
 	return s
@@ -108,7 +110,28 @@ func (s *stream) Send(f *wire.Frame) error {
 	if total > wire.MaxFrameBytes {
 		return fmt.Errorf("frame of %d bytes is over the limit of %d", total, wire.MaxFrameBytes)
 	}
-	if err := l.out.write(pieces, total); err != nil {
+	if f.Kind == wire.FrameChunk && l.out.r.ctrl.readsLender.Load() == 1 {
+		err = l.out.writeLending(pieces, l.parts.Referenced, total)
+	} else {
+		err = l.out.write(pieces, total)
+	}
+	if err != nil {
+		return s.fail(err)
+	}
+	return nil
+}
+
+// Settle implements transport.Lending: it returns once the peer has read every chunk sent so
+// far, from the ring or from this process's memory.
+func (s *stream) Settle() error {
+	if !s.enter() {
+		return s.ended()
+	}
+	defer s.leave()
+	l := &s.lanes[laneBulk]
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	if err := l.out.settle(); err != nil {
 		return s.fail(err)
 	}
 	return nil

@@ -42,6 +42,8 @@ type Transport struct {
 	sec       secure.World
 	hostKey   string
 	ringBytes int
+	// noLending keeps this side from reading what peers lend (tests of the ring alone).
+	noLending bool
 
 	mu       sync.Mutex
 	listener *net.UnixListener
@@ -105,14 +107,14 @@ func (t *Transport) accept(lis *net.UnixListener, serve func(transport.Stream)) 
 // setUp runs the listener's side of a new stream's handshake, then serves it.
 func (t *Transport) setUp(conn *net.UnixConn, serve func(transport.Stream)) {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
-	mem, ringBytes, err := acceptHandshake(conn, t.sec.CheckToken)
+	mem, ringBytes, lender, err := acceptHandshake(conn, t.sec.CheckToken, !t.noLending)
 	if err != nil {
 		slog.Debug("tensorplay-rpc: shared-memory stream not set up", "err", err)
 		conn.Close()
 		return
 	}
 	conn.SetDeadline(time.Time{})
-	s := newStream(conn, mem, ringBytes, 1, "the worker at "+peerName(conn))
+	s := newStream(conn, mem, ringBytes, 1, lender, "the worker at "+peerName(conn))
 	s.hostAddrPrefix = addrPrefix + t.hostKey + "/"
 	s.helloFirst = true
 	if !t.track(s) {
@@ -157,7 +159,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	}
 	conn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) }) // a cancelled ctx ends the set-up
-	mem, err := dialHandshake(conn, t.sec.Token(), t.ringBytes)
+	mem, lender, err := dialHandshake(conn, t.sec.Token(), t.ringBytes, !t.noLending)
 	if !stop() && err == nil {
 		err = ctx.Err()
 	}
@@ -166,7 +168,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 		return nil, fmt.Errorf("set up shared memory with %s: %w", addr, err)
 	}
 	conn.SetDeadline(time.Time{})
-	s := newStream(conn, mem, t.ringBytes, 0, "the worker at "+addr)
+	s := newStream(conn, mem, t.ringBytes, 0, lender, "the worker at "+addr)
 	if !t.track(s) {
 		return nil, transport.ErrClosed
 	}

@@ -24,6 +24,13 @@ func pair(t *testing.T, dialToken, listenToken string, ringBytes int) (client, s
 	if err != nil {
 		t.Fatal(err)
 	}
+	return connect(t, dt, lt)
+}
+
+// connect opens one stream from dt to lt and returns both ends; it closes both transports
+// when the test ends.
+func connect(t *testing.T, dt, lt *Transport) (client, server transport.Stream, err error) {
+	t.Helper()
 	t.Cleanup(func() { dt.Close(); lt.Close() })
 	accepted := make(chan transport.Stream, 1)
 	addr, err := lt.Listen("", func(s transport.Stream) {

@@ -1,0 +1,272 @@
+package shmtransport
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"unsafe"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"golang.org/x/sys/unix"
+)
+
+// Lending: a big message's chunks are not copied into the ring. The producer writes a frame
+// whose big byte strings it lends (their addresses in its own memory) and the consumer copies
+// them straight from the producer's memory into where they go (process_vm_readv, as
+// TensorPipe's CMA channel does): one copy end to end instead of two. The producer keeps the
+// memory unchanged until the consumer releases the ring past the frame (stream.Settle).
+//
+// A consumer reads a producer only after it has proved it can: at the handshake it writes
+// random bytes into the shared region and reads them back from the producer's mapping of it
+// (lenderBase, in the producer's process as SO_PEERCRED names it). Without the right to read
+// another process (ptrace rules, a seccomp filter, another PID namespace) the check fails and
+// chunks go through the ring as before.
+//
+// A lending frame in the ring: its 4-byte length has lendsFlag set and counts what is in the
+// ring: the number of lent spans (u32), each span (u32 position in the frame, u32 length, u64
+// address), then the frame's bytes that are not lent. A consumer checks every span as it
+// checks ring indices: in order, within the frame, only from a producer it agreed to read.
+
+const (
+	lendsFlag = 1 << 31
+	// minLentBytes is the smallest byte string lent rather than copied into the ring.
+	minLentBytes = 64 << 10
+	// maxLentSpans bounds the spans of one frame (a chunk lends one).
+	maxLentSpans  = 8
+	lentSpanBytes = 16
+)
+
+// lentFrame is a frame whose lent memory the consumer may not have read yet: lent bytes, read
+// once the consumer releases the ring up to end.
+type lentFrame struct {
+	end uint64
+	n   int
+}
+
+// lentSpan is a byte string of the current frame that the producer lends: frame bytes
+// [at, at+n) are at addr in its process.
+type lentSpan struct {
+	at, n int
+	addr  uint64
+	piece int // on the producer's side, the piece lent
+}
+
+// probeOffset is where the probe bytes of the ring of lane in direction dir lie in the region.
+func probeOffset(lane, dir int) uintptr {
+	var c ringCtrl
+	return uintptr((2*lane+dir)*ctrlBytes) + unsafe.Offsetof(c.probe)
+}
+
+// offerLending tells the consumer of the bulk ring written in direction dir where this
+// process maps the region, for its check.
+func offerLending(mem []byte, ringBytes, dir int) {
+	ringAt(mem, laneBulk, dir, ringBytes).ctrl.lenderBase.Store(uint64(uintptr(unsafe.Pointer(&mem[0]))))
+}
+
+// acceptLending checks whether this process can read the producer of the bulk ring written in
+// direction dir, process pid, and if so tells it to lend. It returns the process to read, or 0.
+func acceptLending(mem []byte, ringBytes, dir, pid int) int {
+	ctrl := ringAt(mem, laneBulk, dir, ringBytes).ctrl
+	base := ctrl.lenderBase.Load()
+	if pid <= 0 || base == 0 {
+		return 0
+	}
+	if _, err := rand.Read(ctrl.probe[:]); err != nil {
+		return 0
+	}
+	var seen [len(ctrl.probe)]byte
+	if err := readProcess(pid, seen[:], base+uint64(probeOffset(laneBulk, dir))); err != nil || !bytes.Equal(seen[:], ctrl.probe[:]) {
+		return 0
+	}
+	ctrl.readsLender.Store(1)
+	return pid
+}
+
+// readProcess copies len(p) bytes at addr in process pid into p.
+func readProcess(pid int, p []byte, addr uint64) error {
+	local := []unix.Iovec{{Base: &p[0]}}
+	local[0].SetLen(len(p))
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(p)}}
+	n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+	if err == nil && n != len(p) {
+		err = fmt.Errorf("read %d of %d bytes", n, len(p))
+	}
+	return err
+}
+
+// writeLending writes a frame of pieces, lending the big ones the frame references
+// (referenced(i)) instead of copying them into the ring. A frame with none to lend, or too
+// big a rest for the ring, is written as usual.
+func (w *ringWriter) writeLending(pieces [][]byte, referenced func(int) bool, total int) error {
+	w.spans = w.spans[:0]
+	inRing, at := 4, 0
+	for i, p := range pieces {
+		// The last piece is never lent: the consumer reads a byte of the ring after the last
+		// span, so releasing the ring past the frame says it read them all.
+		if referenced(i) && len(p) >= minLentBytes && i < len(pieces)-1 && len(w.spans) < maxLentSpans {
+			w.spans = append(w.spans, lentSpan{at: at, n: len(p), addr: uint64(uintptr(unsafe.Pointer(&p[0]))), piece: i})
+		} else {
+			inRing += len(p)
+		}
+		at += len(p)
+	}
+	inRing += lentSpanBytes * len(w.spans)
+	if len(w.spans) == 0 || uint64(inRing) > w.r.size-4 {
+		return w.write(pieces, total)
+	}
+	lent := total - (inRing - 4 - lentSpanBytes*len(w.spans))
+	if err := w.awaitLendingRoom(lent); err != nil {
+		return err
+	}
+	var head [4 + 4 + lentSpanBytes*maxLentSpans]byte
+	putUint32(head[:], uint32(inRing)|lendsFlag)
+	putUint32(head[4:], uint32(len(w.spans)))
+	table := head[8:]
+	for i, sp := range w.spans {
+		e := table[i*lentSpanBytes:]
+		putUint32(e, uint32(sp.at))
+		putUint32(e[4:], uint32(sp.n))
+		putUint32(e[8:], uint32(sp.addr))
+		putUint32(e[12:], uint32(sp.addr>>32))
+	}
+	if err := w.put(head[:8+lentSpanBytes*len(w.spans)]); err != nil {
+		return err
+	}
+	next := 0
+	for i, p := range pieces {
+		if next < len(w.spans) && w.spans[next].piece == i {
+			next++
+			continue
+		}
+		if err := w.put(p); err != nil {
+			return err
+		}
+	}
+	if err := w.publish(); err != nil {
+		return err
+	}
+	w.lentTo = w.head
+	w.lent = append(w.lent, lentFrame{end: w.head, n: lent})
+	w.lentBytes += lent
+	return nil
+}
+
+// awaitLendingRoom waits until the consumer has read enough of what was lent that n more bytes
+// fit in a ring's worth. Without this bound lent frames, small in the ring, would queue a big
+// message whole ahead of the next (big messages take turns, writer.go) and keep its memory
+// busy longer than copying it in would.
+func (w *ringWriter) awaitLendingRoom(n int) error {
+	for {
+		tail := w.r.ctrl.tail.Load()
+		for len(w.lent) > 0 && w.lent[0].end <= tail {
+			w.lentBytes -= w.lent[0].n
+			w.lent = w.lent[1:]
+		}
+		if w.lentBytes == 0 || uint64(w.lentBytes+n) <= w.r.size {
+			return nil
+		}
+		if err := w.awaitRelease(tail); err != nil {
+			return err
+		}
+	}
+}
+
+// settle waits until the consumer has released the ring past the last frame that lent memory.
+func (w *ringWriter) settle() error {
+	for {
+		tail := w.r.ctrl.tail.Load()
+		if tail >= w.lentTo {
+			return nil
+		}
+		if err := w.awaitRelease(tail); err != nil {
+			return err
+		}
+	}
+}
+
+// beginLending starts reading a frame that lends memory, inRing of whose bytes are in the
+// ring; it returns the frame's length, at most maxLen.
+func (r *ringReader) beginLending(inRing, maxLen int) (int, error) {
+	if r.lender == 0 {
+		return 0, fmt.Errorf("%w: it lends memory, which this stream does not read", transport.ErrMalformed)
+	}
+	if inRing < 4 || uint64(inRing) > r.r.size-4 {
+		return 0, fmt.Errorf("%w: a lending frame with %d bytes in a ring of %d", transport.ErrMalformed, inRing, r.r.size)
+	}
+	if _, err := r.waitFor(uint64(inRing)); err != nil {
+		return 0, err
+	}
+	r.left = inRing
+	var word [4]byte
+	if _, err := io.ReadFull(r, word[:]); err != nil {
+		return 0, err
+	}
+	k := int(getUint32(word[:]))
+	rest := inRing - 4 - k*lentSpanBytes
+	if k < 1 || k > maxLentSpans || rest < 0 {
+		return 0, fmt.Errorf("%w: a frame lends %d byte strings in %d bytes", transport.ErrMalformed, k, inRing)
+	}
+	var table [lentSpanBytes * maxLentSpans]byte
+	if _, err := io.ReadFull(r, table[:k*lentSpanBytes]); err != nil {
+		return 0, err
+	}
+	n, end := rest, 0
+	for i := range k {
+		e := table[i*lentSpanBytes:]
+		sp := lentSpan{at: int(getUint32(e)), n: int(getUint32(e[4:])), addr: uint64(getUint32(e[8:])) | uint64(getUint32(e[12:]))<<32}
+		if sp.at < end || sp.n < 1 || sp.n > maxLen {
+			return 0, fmt.Errorf("%w: lent byte string %d at %d+%d overlaps or is empty", transport.ErrMalformed, i, sp.at, sp.n)
+		}
+		r.spans = append(r.spans, sp)
+		end = sp.at + sp.n
+		n += sp.n
+	}
+	if n > maxLen || end >= n {
+		r.spans = r.spans[:0]
+		return 0, fmt.Errorf("%w: a lending frame of %d bytes (at most %d), its last byte string ending at %d", transport.ErrMalformed, n, maxLen, end)
+	}
+	r.frameLen, r.left = n, n
+	return n, nil
+}
+
+// inSpan reports whether the next byte of the current frame is lent.
+func (r *ringReader) inSpan() bool {
+	pos := r.frameLen - r.left
+	for _, sp := range r.spans {
+		if pos >= sp.at && pos < sp.at+sp.n {
+			return true
+		}
+	}
+	return false
+}
+
+// readLent reads into p from the span the current frame's next byte is in (lent true), or
+// returns how many of its next bytes are in the ring before the next span (lent false).
+func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
+	pos := r.frameLen - r.left
+	for _, sp := range r.spans {
+		if pos < sp.at {
+			return sp.at - pos, false, nil
+		}
+		if pos >= sp.at+sp.n {
+			continue
+		}
+		n = min(len(p), sp.at+sp.n-pos)
+		if err := readProcess(r.lender, p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
+			if r.broken != nil {
+				if gone := r.broken(); gone != nil {
+					return 0, true, gone
+				}
+			}
+			if errors.Is(err, unix.ESRCH) {
+				return 0, true, fmt.Errorf("the peer's process is gone: %w", err)
+			}
+			return 0, true, fmt.Errorf("%w: the memory it lends at %#x+%d cannot be read: %w", transport.ErrMalformed, sp.addr, sp.n, err)
+		}
+		r.left -= n
+		return n, true, nil
+	}
+	return r.left, false, nil
+}

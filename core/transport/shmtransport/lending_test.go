@@ -1,0 +1,253 @@
+package shmtransport
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// lendingPair opens a stream between two transports that read what the other lends, or not.
+func lendingPair(t *testing.T, lending bool) (client, server *stream) {
+	t.Helper()
+	lt, err := New("", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt, err := New("", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt.noLending, dt.noLending = !lending, !lending
+	c, s, err := connect(t, dt, lt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bulk lane of an accepted stream is read only after its opening frame.
+	if err := c.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	return c.(*stream), s.(*stream)
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestBigChunksAreLentNotCopiedIntoTheRing: with lending, a chunk's bytes go from the sender's
+// memory straight to the receiver, and the ring carries only the frame around them; without
+// it, they go through the ring. Either way they arrive intact, in both directions.
+func TestBigChunksAreLentNotCopiedIntoTheRing(t *testing.T) {
+	const size = 1 << 20
+	for _, lending := range []bool{true, false} {
+		client, server := lendingPair(t, lending)
+		for _, dir := range []struct {
+			name     string
+			from, to *stream
+		}{{"dialer to listener", client, server}, {"listener to dialer", server, client}} {
+			t.Run(fmt.Sprintf("lending %v, %s", lending, dir.name), func(t *testing.T) {
+				data := randomBytes(t, size)
+				out := &dir.from.lanes[laneBulk].out
+				before := out.head
+				sent := make(chan error, 1)
+				go func() { sent <- dir.from.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 5, Offset: 3, Payload: data}) }()
+				got, err := dir.to.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := <-sent; err != nil {
+					t.Fatal(err)
+				}
+				if got.Kind != wire.FrameChunk || got.ID != 5 || got.Offset != 3 || !bytes.Equal(got.Payload, data) {
+					t.Fatalf("lending %v: the chunk came out different", lending)
+				}
+				inRing := out.head - before
+				if lending && inRing > 1024 {
+					t.Fatalf("a lent chunk of %d bytes put %d bytes in the ring", size, inRing)
+				}
+				if !lending && inRing < size {
+					t.Fatalf("without lending, a chunk of %d bytes put only %d bytes in the ring", size, inRing)
+				}
+			})
+		}
+	}
+}
+
+// TestLentMemoryIsHeldUntilSettled: after Send, the receiver reads the chunk from the sender's
+// memory when it gets to it, so Settle waits for that, and a sender that changed the memory
+// before then would change what arrives.
+func TestLentMemoryIsHeldUntilSettled(t *testing.T) {
+	client, server := lendingPair(t, true)
+	data := bytes.Repeat([]byte{'a'}, 256<<10)
+	if err := client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: data}); err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	go func() { settled <- client.Settle() }()
+	select {
+	case err := <-settled:
+		t.Fatalf("Settle returned (%v) before the receiver read the chunk", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	copy(data, "changed")
+	got, err := server.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(got.Payload, []byte("changed")) {
+		t.Fatal("the chunk was copied when sent, not read from the sender's memory when received")
+	}
+	select {
+	case err := <-settled:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Settle still waits 2 s after the receiver read the chunk")
+	}
+}
+
+// TestLentBytesAreBoundedByTheRing: a sender lends at most a ring's worth of bytes the receiver
+// has not read, as copying into the ring would hold it; otherwise a big message would be queued
+// whole ahead of the next and the two could not take turns.
+func TestLentBytesAreBoundedByTheRing(t *testing.T) {
+	client, server := lendingPair(t, true)
+	out := &client.lanes[laneBulk].out
+	chunk := int(out.r.size) / 2
+	if chunk < minLentBytes {
+		chunk = minLentBytes
+	}
+	perRing := int(out.r.size) / chunk
+	data := randomBytes(t, 4*chunk)
+	before := out.head
+	sent := make(chan int, 4)
+	go func() {
+		for i := range 4 {
+			if client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Offset: int64(i * chunk), Payload: data[i*chunk : (i+1)*chunk]}) != nil {
+				break
+			}
+			sent <- i
+		}
+		close(sent)
+	}()
+	for want := range perRing {
+		if got := <-sent; got != want {
+			t.Fatalf("chunk %d sent, want %d", got, want)
+		}
+	}
+	select {
+	case i := <-sent:
+		t.Fatalf("chunk %d was lent while a ring's worth was unread", i)
+	case <-time.After(50 * time.Millisecond):
+	}
+	for i := range 4 {
+		got, err := server.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Payload, data[i*chunk:(i+1)*chunk]) {
+			t.Fatalf("chunk %d came out different", i)
+		}
+	}
+	for i := range sent {
+		if i < perRing {
+			t.Fatalf("chunk %d reported twice", i)
+		}
+	}
+	if inRing := out.head - before; inRing > 4096 {
+		t.Fatalf("the chunks were copied into the ring (%d bytes), not lent", inRing)
+	}
+}
+
+// TestSettleEndsWhenThePeerCloses: a sender waiting for a peer to read what it lent is not
+// left waiting when the peer goes.
+func TestSettleEndsWhenThePeerCloses(t *testing.T) {
+	client, server := lendingPair(t, true)
+	if err := client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 256<<10)}); err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	go func() { settled <- client.Settle() }()
+	time.Sleep(20 * time.Millisecond) // let it wait; the outcome does not depend on it
+	server.Close()
+	select {
+	case err := <-settled:
+		if err == nil || !strings.Contains(err.Error(), "gone") {
+			t.Fatalf("Settle: %v, want an error saying the peer is gone", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Settle still waits 2 s after its peer closed")
+	}
+}
+
+// TestHostileLendingFramesAreRefused: a peer controls every word of a lending frame. Whatever
+// it says (memory it was not allowed to lend, spans out of order or out of the frame, memory
+// that is not there), the frame is refused as malformed, without a panic.
+func TestHostileLendingFramesAreRefused(t *testing.T) {
+	// Offsets in the ring of a frame lending one span: length word, span count, the span.
+	const countAt, spanAt, spanLenAt, addrAt = 4, 8, 12, 16
+	cases := []struct {
+		name    string
+		lender  int
+		corrupt func(data []byte)
+		want    string // in the error; "" for a frame that must decode
+	}{
+		{"well formed", os.Getpid(), func([]byte) {}, ""},
+		{"lent to a stream that does not read lent memory", 0, func([]byte) {}, "does not read"},
+		{"no spans", os.Getpid(), func(d []byte) { putUint32(d[countAt:], 0) }, "lends 0"},
+		{"too many spans", os.Getpid(), func(d []byte) { putUint32(d[countAt:], maxLentSpans+1) }, "lends 9"},
+		{"a span past the frame", os.Getpid(), func(d []byte) { putUint32(d[spanAt:], 1<<20) }, "ending at"},
+		{"an empty span", os.Getpid(), func(d []byte) { putUint32(d[spanLenAt:], 0) }, "empty"},
+		{"a span bigger than a frame may be", os.Getpid(), func(d []byte) { putUint32(d[spanLenAt:], wire.MaxFrameBytes+1) }, "empty"},
+		{"memory that is not mapped", os.Getpid(), func(d []byte) { putUint32(d[addrAt:], 4096); putUint32(d[addrAt+4:], 0) }, "cannot be read"},
+	}
+	payload := randomBytes(t, 2*minLentBytes)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			words := make([]uint64, regionBytes(MinRingBytes)/8)
+			mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+			rg := ringAt(mem, laneBulk, 0, MinRingBytes)
+			w := &ringWriter{r: rg, wake: func() error { return nil }, broken: func() error { return nil }}
+			var p wire.Parts
+			pieces, total, err := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 9, Payload: payload})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.writeLending(pieces, p.Referenced, total); err != nil {
+				t.Fatal(err)
+			}
+			if w.lentTo == 0 {
+				t.Fatal("the writer did not lend the chunk")
+			}
+			c.corrupt(rg.data)
+			r := &ringReader{r: rg, lender: c.lender, sleep: func() error { return errNoMoreData }}
+			f, err := r.readFrame(msgpack.NewDecoder(nil), nil)
+			if c.want == "" {
+				if err != nil || !bytes.Equal(f.Payload, payload) {
+					t.Fatalf("readFrame: %v; want the chunk intact", err)
+				}
+				return
+			}
+			if !errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("readFrame: %v; want a malformed frame (transport.ErrMalformed) saying %q", err, c.want)
+			}
+		})
+	}
+}

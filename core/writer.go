@@ -309,13 +309,19 @@ func (w *frameWriter) run() {
 }
 
 // release finishes m once it is sent. A big message's last chunks may still be read from m's
-// memory by the peer (transport.Lending): its memory is given back once the peer has read them.
+// memory by the peer (transport.Lending): its memory is given back once the peer has read
+// them, waited for aside so that the next message's chunks go out meanwhile.
 func (w *frameWriter) release(m *outMessage) {
-	if lending, ok := w.stream.(transport.Lending); ok && m.started {
+	lending, ok := w.stream.(transport.Lending)
+	if !ok || !m.started {
+		m.finish()
+		return
+	}
+	go func() {
 		// An error means the stream ended: nothing more is read from m.
 		_ = lending.Settle()
-	}
-	m.finish()
+		m.finish()
+	}()
 }
 
 // drain releases every big message still queued once the writer has failed.

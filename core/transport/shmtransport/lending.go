@@ -173,11 +173,12 @@ func (w *ringWriter) awaitLendingRoom(n int) error {
 	}
 }
 
-// settle waits until the consumer has released the ring past the last frame that lent memory.
-func (w *ringWriter) settle() error {
+// settle waits until the consumer has released the ring up to lentTo, the head after a frame
+// that lent memory. It touches only the shared control block: it may run beside a write.
+func (w *ringWriter) settle(lentTo uint64) error {
 	for {
 		tail := w.r.ctrl.tail.Load()
-		if tail >= w.lentTo {
+		if tail >= lentTo {
 			return nil
 		}
 		if err := w.awaitRelease(tail); err != nil {

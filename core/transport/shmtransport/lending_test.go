@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 )
 
 // lendingPair opens a stream between two transports that read what the other lends, or not.
@@ -176,27 +178,6 @@ func TestLentBytesAreBoundedByTheRing(t *testing.T) {
 	}
 }
 
-// TestSettleEndsWhenThePeerCloses: a sender waiting for a peer to read what it lent is not
-// left waiting when the peer goes.
-func TestSettleEndsWhenThePeerCloses(t *testing.T) {
-	client, server := lendingPair(t, true)
-	if err := client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 256<<10)}); err != nil {
-		t.Fatal(err)
-	}
-	settled := make(chan error, 1)
-	go func() { settled <- client.Settle() }()
-	time.Sleep(20 * time.Millisecond) // let it wait; the outcome does not depend on it
-	server.Close()
-	select {
-	case err := <-settled:
-		if err == nil || !strings.Contains(err.Error(), "gone") {
-			t.Fatalf("Settle: %v, want an error saying the peer is gone", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("Settle still waits 2 s after its peer closed")
-	}
-}
-
 // TestHostileLendingFramesAreRefused: a peer controls every word of a lending frame. Whatever
 // it says (memory it was not allowed to lend, spans out of order or out of the frame, memory
 // that is not there), the frame is refused as malformed, without a panic.
@@ -247,6 +228,52 @@ func TestHostileLendingFramesAreRefused(t *testing.T) {
 			}
 			if !errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("readFrame: %v; want a malformed frame (transport.ErrMalformed) saying %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestLendingNeedsTheProbeReadBack: a reader agrees to read a writer's memory only if it reads
+// back, at the address the writer announced in the process the socket names, the bytes it
+// wrote into the region; otherwise chunks go through the ring.
+func TestLendingNeedsTheProbeReadBack(t *testing.T) {
+	other := exec.Command("sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	const dir = 0
+	for _, tc := range []struct {
+		name  string
+		pid   int
+		shift uint64 // added to the address the writer announces
+		offer bool
+		reads bool
+	}{
+		{"the process that mapped the region", os.Getpid(), 0, true, true},
+		{"no process", 0, 0, true, false},
+		{"a writer that announced nothing", os.Getpid(), 0, false, false},
+		{"another process at the same address", other.Process.Pid, 0, true, false},
+		{"an address where the region is not", os.Getpid(), 4096, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fd, mem, err := createRegion(MinRingBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			defer unix.Munmap(mem)
+			ctrl := ringAt(mem, laneBulk, dir, MinRingBytes).ctrl
+			if tc.offer {
+				offerLending(mem, MinRingBytes, dir)
+				ctrl.lenderBase.Add(tc.shift)
+			}
+			got := acceptLending(mem, MinRingBytes, dir, tc.pid)
+			if reads := got != 0; reads != tc.reads || (reads && got != tc.pid) {
+				t.Fatalf("acceptLending = %d, want reading %v", got, tc.reads)
+			}
+			if flag := ctrl.readsLender.Load() == 1; flag != tc.reads {
+				t.Fatalf("readsLender %v, want %v", flag, tc.reads)
 			}
 		})
 	}

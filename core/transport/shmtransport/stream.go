@@ -129,9 +129,11 @@ func (s *stream) Settle() error {
 	}
 	defer s.leave()
 	l := &s.lanes[laneBulk]
+	// The wait holds no lock: the writer goes on sending while an earlier message settles.
 	l.sendMu.Lock()
-	defer l.sendMu.Unlock()
-	if err := l.out.settle(); err != nil {
+	lentTo := l.out.lentTo
+	l.sendMu.Unlock()
+	if err := l.out.settle(lentTo); err != nil {
 		return s.fail(err)
 	}
 	return nil

@@ -176,6 +176,15 @@ func TestClosedPeerFailsBlockedCalls(t *testing.T) {
 			}
 			return errors.New("100 frames fit a ring nobody reads")
 		}},
+		{"a settle waiting for the peer to read a lent chunk", func(s transport.Stream) error {
+			if err := s.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 4*minLentBytes)}); err != nil {
+				return err
+			}
+			if s.(*stream).lanes[laneBulk].out.lentTo == 0 {
+				return errors.New("the chunk was not lent")
+			}
+			return s.(transport.Lending).Settle()
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

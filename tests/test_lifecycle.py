@@ -178,6 +178,31 @@ def test_dead_peer_fails_waiting_calls_promptly(world, tmp_path, each_transport)
     assert set(os.listdir("/dev/shm")) <= shm_files_before, "the world left files in /dev/shm"
 
 
+def test_a_peer_killed_mid_transfer_fails_only_its_calls(world, tmp_path, each_transport):
+    """Killed while big arrays flow both ways: over shared memory worker0 is, at that moment,
+    reading worker1's memory and lending its own to worker1."""
+    ready = tmp_path / "ready"
+    w = world("faults:peer_dies_mid_transfer", 3, args=[str(ready), str(32 << 20)])
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and w.procs[0].poll() is None:
+        time.sleep(0.05)
+    assert ready.exists(), "the transfers never got going"
+    w.kill(1)
+    results = w.finish(timeout=60)
+    assert results[0].returncode == 0, results[0].output
+    assert results[2].returncode == 0, results[2].output
+    expect_behaviours(results[0].value, {
+        "the sender's calls to the dead worker failed within 2 seconds": lambda o: o["sender_ended"] and o["waited"] < 2,
+        "each failed call names the dead worker": lambda o: o["errors"] and all('"worker1"' in e for e in o["errors"]),
+        "the calls before the kill completed": lambda o: o["completed"] >= 2,
+        "the surviving worker still answers, big calls included": lambda o: o["survivor"] == 4 and o["big_to_survivor"] == 16,
+        "no region stays mapped after shutdown": lambda o: o["mapped_after_shutdown"] == 0,
+    })
+    # Reading a dead peer's memory is its death, not a breach of the protocol.
+    assert "broke the protocol" not in results[0].output, results[0].output
+    assert 'worker "worker1" is gone' in results[0].output, results[0].output
+
+
 def test_a_frozen_peer_is_not_a_dead_one(world, tmp_path, each_transport):
     ready, frozen = tmp_path / "ready", tmp_path / "frozen"
     w = world("faults:peer_frozen", 3, args=[str(ready), str(frozen)])

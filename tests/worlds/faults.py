@@ -108,6 +108,81 @@ def peer_dies(rank, world_size, ready_file):
     return out
 
 
+_big_received = [0]
+_big_received_lock = threading.Lock()
+
+
+def _sum_first(arr):
+    """Counts a big array received and sums its first bytes."""
+    with _big_received_lock:
+        _big_received[0] += 1
+    return int(arr[:16].sum())
+
+
+def _received():
+    """How many big arrays this worker has received."""
+    with _big_received_lock:
+        return _big_received[0]
+
+
+def _stream_big(to, nbytes, futs, stop):
+    """Sends arrays of nbytes to `to` back to back, two in flight, until stop is set or a call fails."""
+    import numpy as np
+
+    arr = np.ones(nbytes, dtype=np.uint8)
+    while not stop.is_set() and len(futs) < 1000:
+        futs.append(rpc.rpc_async(to, _sum_first, args=(arr,)))
+        if len(futs) >= 2:
+            try:
+                futs[-2].wait()
+            except RuntimeError:
+                return
+
+
+def peer_dies_mid_transfer(rank, world_size, ready_file, nbytes):
+    """worker0 and worker1 send each other big arrays back to back (over shared memory, each
+    reads the other's memory) until the test kills worker1 by PID, mid-transfer."""
+    init(rank, world_size)
+    nbytes = int(nbytes)
+    out = {}
+    if rank == 0:
+        futs, stop = [], threading.Event()
+        sender = threading.Thread(target=_stream_big, args=("worker1", nbytes, futs, stop))
+        sender.start()
+        deadline = time.monotonic() + 30
+        while rpc.rpc_sync("worker1", _received) < 4 or _received() < 4:
+            assert time.monotonic() < deadline, "the transfers never got going"
+            time.sleep(0.02)
+        with open(ready_file, "w") as f:
+            f.write("ready")
+        start = time.monotonic()
+        sender.join(timeout=30)
+        stop.set()
+        errors = []
+        for f in futs:
+            try:
+                f.wait()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        out["waited"] = time.monotonic() - start
+        out["sender_ended"] = not sender.is_alive()
+        out["errors"] = errors
+        out["completed"] = len(futs) - len(errors)
+        out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
+        import numpy as np
+        out["big_to_survivor"] = rpc.rpc_sync("worker2", _sum_first, args=(np.ones(nbytes, dtype=np.uint8),))
+        rpc.rpc_sync("worker2", set_done)
+        rpc.shutdown()
+        out["mapped_after_shutdown"] = shm_mappings()
+    elif rank == 1:
+        futs, stop = [], threading.Event()
+        _stream_big("worker0", nbytes, futs, stop)  # killed by the test while at it
+    else:
+        wait_done(60)
+        rpc.shutdown()
+    return out
+
+
 def peer_frozen(rank, world_size, ready_file, frozen_file):
     """worker1 is frozen by the test (SIGSTOP, then SIGCONT some seconds later): a loaded or
     paused host is not a dead one. Calls to it wait and complete once it runs again, the RRef

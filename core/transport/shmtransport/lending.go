@@ -256,13 +256,17 @@ func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
 		}
 		n = min(len(p), sp.at+sp.n-pos)
 		if err := readProcess(r.lender, p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
+			// A lender that died (or a stream that closed) cut the frame short: that is why
+			// the read ended (waitErr), not a malformed frame.
 			if r.broken != nil {
 				if gone := r.broken(); gone != nil {
+					r.waitErr = gone
 					return 0, true, gone
 				}
 			}
 			if errors.Is(err, unix.ESRCH) {
-				return 0, true, fmt.Errorf("the peer's process is gone: %w", err)
+				r.waitErr = fmt.Errorf("the peer's process is gone: %w", err)
+				return 0, true, r.waitErr
 			}
 			return 0, true, fmt.Errorf("%w: the memory it lends at %#x+%d cannot be read: %w", transport.ErrMalformed, sp.addr, sp.n, err)
 		}

@@ -181,6 +181,56 @@ func TestLentBytesAreBoundedByTheRing(t *testing.T) {
 // TestHostileLendingFramesAreRefused: a peer controls every word of a lending frame. Whatever
 // it says (memory it was not allowed to lend, spans out of order or out of the frame, memory
 // that is not there), the frame is refused as malformed, without a panic.
+// lentChunkRing returns a bulk ring (in this process's memory) holding a frame that lends
+// payload as a chunk.
+func lentChunkRing(t *testing.T, payload []byte) ring {
+	t.Helper()
+	words := make([]uint64, regionBytes(MinRingBytes)/8)
+	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+	rg := ringAt(mem, laneBulk, 0, MinRingBytes)
+	w := &ringWriter{r: rg, wake: func() error { return nil }, broken: func() error { return nil }}
+	var p wire.Parts
+	pieces, total, err := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 9, Payload: payload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.writeLending(pieces, p.Referenced, total); err != nil {
+		t.Fatal(err)
+	}
+	if w.lentTo == 0 {
+		t.Fatal("the writer did not lend the chunk")
+	}
+	return rg
+}
+
+// TestAGoneLenderCutsTheFrameShort: a peer that dies while its chunk is read from its memory
+// ended the stream; it did not send a malformed frame (which would be logged as a protocol
+// violation).
+func TestAGoneLenderCutsTheFrameShort(t *testing.T) {
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		broken func() error
+		want   string
+	}{
+		{"its process is gone", nil, "process is gone"},
+		{"its stream ended first", func() error { return errors.New("the worker is gone: EOF") }, "EOF"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rg := lentChunkRing(t, randomBytes(t, 2*minLentBytes))
+			r := &ringReader{r: rg, lender: gone.Process.Pid, sleep: func() error { return errNoMoreData }, broken: c.broken}
+			_, err := r.readFrame(msgpack.NewDecoder(nil), nil)
+			if err == nil || errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("readFrame: %v; want the stream's end saying %q, not a malformed frame", err, c.want)
+			}
+		})
+	}
+}
+
 func TestHostileLendingFramesAreRefused(t *testing.T) {
 	// Offsets in the ring of a frame lending one span: length word, span count, the span.
 	const countAt, spanAt, spanLenAt, addrAt = 4, 8, 12, 16
@@ -202,21 +252,7 @@ func TestHostileLendingFramesAreRefused(t *testing.T) {
 	payload := randomBytes(t, 2*minLentBytes)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			words := make([]uint64, regionBytes(MinRingBytes)/8)
-			mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
-			rg := ringAt(mem, laneBulk, 0, MinRingBytes)
-			w := &ringWriter{r: rg, wake: func() error { return nil }, broken: func() error { return nil }}
-			var p wire.Parts
-			pieces, total, err := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 9, Payload: payload})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := w.writeLending(pieces, p.Referenced, total); err != nil {
-				t.Fatal(err)
-			}
-			if w.lentTo == 0 {
-				t.Fatal("the writer did not lend the chunk")
-			}
+			rg := lentChunkRing(t, payload)
 			c.corrupt(rg.data)
 			r := &ringReader{r: rg, lender: c.lender, sleep: func() error { return errNoMoreData }}
 			f, err := r.readFrame(msgpack.NewDecoder(nil), nil)

@@ -47,11 +47,11 @@ type outMessage struct {
 	offset   int64 // bytes sent so far
 	started  bool  // the header went out
 	aborted  bool
-	sent     chan struct{} // closed once the writer no longer reads the message's memory
+	sent     chan struct{} // closed once neither the writer nor the peer reads the message's memory
 	onSent   func()        // if set, run once sent is closed
 }
 
-// finish closes m.sent: the writer no longer reads m's memory.
+// finish closes m.sent: neither the writer nor the peer reads m's memory any more.
 func (m *outMessage) finish() {
 	close(m.sent)
 	if m.onSent != nil {
@@ -73,9 +73,10 @@ func newFrameWriter(s transport.Stream, chunkSize int, onError func(error)) *fra
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // send queues f carrying msg; a big msg follows f in chunks. The returned message's sent
-// channel is closed once msg's memory is no longer read (sent, or dropped after an error), and
-// then onSent, if set, runs (on the writer's goroutine: it must not block). If send fails,
-// onSent does not run.
+// channel is closed once msg's memory is no longer read (sent, and read by a peer that reads
+// it from this process's memory; or dropped after an error), and then onSent, if set, runs (on
+// the writer's goroutine, or the one that waited for the peer to read: it must not block). If
+// send fails, onSent does not run.
 func (w *frameWriter) send(f *wire.Frame, msg Message, onSent func()) (*outMessage, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -296,7 +297,7 @@ func (w *frameWriter) run() {
 		if err != nil {
 			w.close(err)
 			if m != nil && done {
-				m.finish()
+				w.giveBack(m)
 			}
 			w.drain()
 			w.onError(err)
@@ -318,10 +319,19 @@ func (w *frameWriter) release(m *outMessage) {
 		return
 	}
 	go func() {
-		// An error means the stream ended: nothing more is read from m.
+		// On an error Settle revoked the loans: the peer reads nothing more of m.
 		_ = lending.Settle()
 		m.finish()
 	}()
+}
+
+// giveBack finishes m, which will not be sent whole: the writer failed. The peer may still be
+// reading chunks lent from m's memory, so the loans are revoked first.
+func (w *frameWriter) giveBack(m *outMessage) {
+	if lending, ok := w.stream.(transport.Lending); ok && m.started {
+		lending.Revoke()
+	}
+	m.finish()
 }
 
 // drain releases every big message still queued once the writer has failed.
@@ -332,7 +342,7 @@ func (w *frameWriter) drain() {
 		m.finish()
 	}
 	for _, m := range w.large {
-		m.finish()
+		w.giveBack(m)
 	}
 	w.large, w.small = nil, nil
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -248,18 +249,25 @@ func TestLentMessageMemoryIsKeptUntilThePeerReadIt(t *testing.T) {
 }
 
 // settlingStream is a Lending stream that records, in order, what was sent and when the
-// writer settled.
+// writer settled or revoked; its failAt-th Send (from 1; 0: none) fails.
 type settlingStream struct {
 	recordingStream
 	events []string
+	failAt int
 }
 
 func (s *settlingStream) Send(f *wire.Frame) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.events = append(s.events, fmt.Sprintf("send %d", f.Kind))
+	if len(s.events) == s.failAt {
+		s.events[len(s.events)-1] += " failed"
+		return errors.New("the stream broke")
+	}
 	return nil
 }
+
+func (s *settlingStream) Revoke() { s.note("revoke") }
 
 func (s *settlingStream) Settle() error {
 	s.mu.Lock()
@@ -276,22 +284,26 @@ func (s *settlingStream) note(event string) {
 
 // TestBigMessageIsGivenBackAfterSettling: whether a big message is sent whole or aborted
 // partway, its memory is given back only after its last frame is sent and the stream settled;
-// a small one's at once.
+// a small one's at once. One that the stream fails partway is given back after the loans are
+// revoked (the peer may still be reading its chunks).
 func TestBigMessageIsGivenBackAfterSettling(t *testing.T) {
 	chunk, header, abort := fmt.Sprintf("send %d", wire.FrameChunk), fmt.Sprintf("send %d", wire.FrameRequest), fmt.Sprintf("send %d", wire.FrameAbort)
 	cases := []struct {
-		name  string
-		size  int
-		abort bool
-		want  []string
+		name   string
+		size   int
+		abort  bool
+		failAt int
+		want   []string
 	}{
-		{"small", 100, false, []string{header, "given back"}},
-		{"big", 2 << 10, false, []string{header, chunk, chunk, "settle", "given back"}},
-		{"big, aborted", 64 << 10, true, []string{header, chunk, abort, "settle", "given back"}},
+		{"small", 100, false, 0, []string{header, "given back"}},
+		{"big", 2 << 10, false, 0, []string{header, chunk, chunk, "settle", "given back"}},
+		{"big, aborted", 64 << 10, true, 0, []string{header, chunk, abort, "settle", "given back"}},
+		{"big, the stream fails partway", 4 << 10, false, 3, []string{header, chunk, chunk + " failed", "revoke", "given back"}},
+		{"big, the stream fails on its last chunk", 2 << 10, false, 3, []string{header, chunk, chunk + " failed", "revoke", "given back"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := &settlingStream{}
+			s := &settlingStream{failAt: c.failAt}
 			w := newFrameWriter(s, 1<<10, func(error) {})
 			defer w.close(ErrShutdown)
 			var out *outMessage

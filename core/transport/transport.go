@@ -43,12 +43,17 @@ type Laned interface {
 
 // Lending is implemented by streams whose peer may read a sent frame's big byte strings from
 // the sender's memory after Send returns (shared memory between processes, read across them):
-// the sender keeps the memory of a big message's chunks unchanged until Settle returns.
+// the sender keeps the memory of a big message's chunks unchanged until Settle returns, or
+// until it has called Revoke.
 type Lending interface {
 	Stream
-	// Settle returns once the peer has read every chunk sent so far, or the stream has ended
-	// (the error says why).
+	// Settle returns once the peer has read every chunk sent so far; if it cannot (the stream
+	// ended: the error says why), it revokes what was lent before it returns.
 	Settle() error
+	// Revoke takes back everything lent: the peer discards a frame it read from lent memory
+	// from now on (and ends the stream), so the memory may be reused at once. For a stream
+	// that is ending.
+	Revoke()
 }
 
 // Bulk reports whether f belongs in a big message's lane: its header (it gives the sizes of the

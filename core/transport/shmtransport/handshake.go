@@ -38,12 +38,12 @@ const (
 var ErrRefused = errors.New("the worker refused the shared-memory stream (a different token, or a different user)")
 
 // dialHandshake sets up a stream as the dialer: it creates the region, so it writes ring 0.
-// lender is the listener's process if this side reads what it lends (readLender), else 0.
-func dialHandshake(conn *net.UnixConn, token string, ringBytes int, readLender bool) (mem []byte, lender int, err error) {
+// l is the listener's process if this side reads what it lends (readLender), else nil.
+func dialHandshake(conn *net.UnixConn, token string, ringBytes int, readLender bool) (mem []byte, l *lender, err error) {
 	// Abstract socket names have no permissions: after a worker exits, another user could
 	// bind its name. The token goes only to a listener of this user.
 	if uid, ok := peerUID(conn); !ok || uid != os.Getuid() {
-		return nil, 0, fmt.Errorf("%w: the socket belongs to another user", ErrRefused)
+		return nil, nil, fmt.Errorf("%w: the socket belongs to another user", ErrRefused)
 	}
 	hello := make([]byte, 0, len(handshakeMagic)+4+len(token))
 	hello = append(hello, handshakeMagic...)
@@ -51,14 +51,14 @@ func dialHandshake(conn *net.UnixConn, token string, ringBytes int, readLender b
 	putUint32(hello[len(handshakeMagic):], uint32(len(token)))
 	hello = append(hello, token...)
 	if _, err := conn.Write(hello); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if err := expectOK(conn); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	fd, mem, err := createRegion(ringBytes)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	defer unix.Close(fd) // the mapping keeps the memory; the peer gets its own descriptor
 	offerLending(mem, ringBytes, 0)
@@ -66,16 +66,16 @@ func dialHandshake(conn *net.UnixConn, token string, ringBytes int, readLender b
 	putUint32(size[:], uint32(ringBytes))
 	if _, _, err := conn.WriteMsgUnix(size[:], unix.UnixRights(fd), nil); err != nil {
 		unix.Munmap(mem)
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if err := expectOK(conn); err != nil {
 		unix.Munmap(mem)
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if readLender {
-		lender = acceptLending(mem, ringBytes, 1, peerPID(conn))
+		l = acceptLending(mem, ringBytes, 1, peerPID(conn))
 	}
-	return mem, lender, nil
+	return mem, l, nil
 }
 
 func expectOK(conn *net.UnixConn) error {
@@ -93,30 +93,30 @@ func expectOK(conn *net.UnixConn) error {
 }
 
 // acceptHandshake sets up a stream as the listener, checking the dialer with checkToken.
-// lender is the dialer's process if this side reads what it lends (readLender), else 0.
-func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from string) bool, readLender bool) (mem []byte, ringBytes, lender int, err error) {
+// l is the dialer's process if this side reads what it lends (readLender), else nil.
+func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from string) bool, readLender bool) (mem []byte, ringBytes int, l *lender, err error) {
 	from := peerName(conn)
 	head := make([]byte, len(handshakeMagic)+4)
 	if _, err := io.ReadFull(conn, head); err != nil {
-		return nil, 0, 0, fmt.Errorf("read the hello of %s: %w", from, err)
+		return nil, 0, nil, fmt.Errorf("read the hello of %s: %w", from, err)
 	}
 	if !bytes.Equal(head[:len(handshakeMagic)], handshakeMagic) {
-		return nil, 0, 0, fmt.Errorf("%s did not open with the shared-memory handshake", from)
+		return nil, 0, nil, fmt.Errorf("%s did not open with the shared-memory handshake", from)
 	}
 	n := getUint32(head[len(handshakeMagic):])
 	if n > maxTokenBytes {
-		return nil, 0, 0, fmt.Errorf("%s presents a %d-byte token, more than %d", from, n, maxTokenBytes)
+		return nil, 0, nil, fmt.Errorf("%s presents a %d-byte token, more than %d", from, n, maxTokenBytes)
 	}
 	token := make([]byte, n)
 	if _, err := io.ReadFull(conn, token); err != nil {
-		return nil, 0, 0, fmt.Errorf("read the token of %s: %w", from, err)
+		return nil, 0, nil, fmt.Errorf("read the token of %s: %w", from, err)
 	}
 	if uid, ok := peerUID(conn); !ok || uid != os.Getuid() || !checkToken(token, from) {
 		conn.Write([]byte{handshakeRefused})
-		return nil, 0, 0, fmt.Errorf("refused %s: it is another user's or lacks the world's token", from)
+		return nil, 0, nil, fmt.Errorf("refused %s: it is another user's or lacks the world's token", from)
 	}
 	if _, err := conn.Write([]byte{handshakeOK}); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, nil, err
 	}
 	var size [4]byte
 	oob := make([]byte, unix.CmsgSpace(4*4)) // room for a few descriptors, so extras are seen and closed
@@ -128,24 +128,25 @@ func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from stri
 		}
 	}()
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("read the region of %s: %w", from, err)
+		return nil, 0, nil, fmt.Errorf("read the region of %s: %w", from, err)
 	}
 	if k != len(size) || len(fds) != 1 {
-		return nil, 0, 0, fmt.Errorf("%s sent %d bytes and %d descriptors, want 4 and 1", from, k, len(fds))
+		return nil, 0, nil, fmt.Errorf("%s sent %d bytes and %d descriptors, want 4 and 1", from, k, len(fds))
 	}
 	ringBytes = int(getUint32(size[:]))
 	if mem, err = mapPeerRegion(fds[0], ringBytes); err != nil {
-		return nil, 0, 0, fmt.Errorf("%s: %w", from, err)
+		return nil, 0, nil, fmt.Errorf("%s: %w", from, err)
 	}
 	offerLending(mem, ringBytes, 1)
 	if readLender {
-		lender = acceptLending(mem, ringBytes, 0, peerPID(conn))
+		l = acceptLending(mem, ringBytes, 0, peerPID(conn))
 	}
 	if _, err := conn.Write([]byte{handshakeOK}); err != nil {
 		unix.Munmap(mem)
-		return nil, 0, 0, err
+		l.close()
+		return nil, 0, nil, err
 	}
-	return mem, ringBytes, lender, nil
+	return mem, ringBytes, l, nil
 }
 
 // receivedFDs is every descriptor in a control message, well-formed or not.

@@ -38,6 +38,10 @@ const (
 	lentSpanBytes = 16
 )
 
+// errRevoked is why a frame read from lent memory is dropped: its producer's stream ended and
+// it may have reused the memory meanwhile.
+var errRevoked = errors.New("the peer closed the stream while its memory was read")
+
 // lentFrame is a frame whose lent memory the consumer may not have read yet: lent bytes, read
 // once the consumer releases the ring up to end.
 type lentFrame struct {
@@ -65,27 +69,77 @@ func offerLending(mem []byte, ringBytes, dir int) {
 	ringAt(mem, laneBulk, dir, ringBytes).ctrl.lenderBase.Store(uint64(uintptr(unsafe.Pointer(&mem[0]))))
 }
 
+// lender is a producer's process that this side reads lent memory from. Once the producer
+// has exited and been reaped its pid may name another process: pidfd, opened before the
+// read-back check, tells after each read whether the producer had exited by then.
+type lender struct {
+	pid   int
+	pidfd int
+}
+
+// errLenderGone is why a read of lent memory ended when the producer's process had exited.
+var errLenderGone = errors.New("the peer's process is gone")
+
+// read copies len(p) bytes at addr in the producer's memory into p.
+func (l *lender) read(p []byte, addr uint64) error {
+	err := readProcess(l.pid, p, addr)
+	// Checked after every read, even one that worked: the bytes may be another process's.
+	if l.exited() || errors.Is(err, unix.ESRCH) {
+		return errLenderGone
+	}
+	return err
+}
+
+// exited reports whether the producer's process has exited.
+func (l *lender) exited() bool {
+	fds := []unix.PollFd{{Fd: int32(l.pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err != unix.EINTR {
+			return err != nil || n > 0
+		}
+	}
+}
+
+// close lets go of the producer's pidfd; l may be nil.
+func (l *lender) close() {
+	if l != nil {
+		unix.Close(l.pidfd)
+	}
+}
+
 // acceptLending checks whether this process can read the producer of the bulk ring written in
-// direction dir, process pid, and if so tells it to lend. It returns the process to read, or 0.
-func acceptLending(mem []byte, ringBytes, dir, pid int) int {
+// direction dir, process pid, and if so tells it to lend. It returns the process to read, or
+// nil.
+func acceptLending(mem []byte, ringBytes, dir, pid int) *lender {
 	ctrl := ringAt(mem, laneBulk, dir, ringBytes).ctrl
 	base := ctrl.lenderBase.Load()
 	if pid <= 0 || base == 0 {
-		return 0
+		return nil
 	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil
+	}
+	l := &lender{pid: pid, pidfd: pidfd}
 	if _, err := rand.Read(ctrl.probe[:]); err != nil {
-		return 0
+		l.close()
+		return nil
 	}
 	var seen [len(ctrl.probe)]byte
-	if err := readProcess(pid, seen[:], base+uint64(probeOffset(laneBulk, dir))); err != nil || !bytes.Equal(seen[:], ctrl.probe[:]) {
-		return 0
+	if err := l.read(seen[:], base+uint64(probeOffset(laneBulk, dir))); err != nil || !bytes.Equal(seen[:], ctrl.probe[:]) {
+		l.close()
+		return nil
 	}
 	ctrl.readsLender.Store(1)
-	return pid
+	return l
 }
 
 // readProcess copies len(p) bytes at addr in process pid into p.
 func readProcess(pid int, p []byte, addr uint64) error {
+	if len(p) == 0 {
+		return nil
+	}
 	local := []unix.Iovec{{Base: &p[0]}}
 	local[0].SetLen(len(p))
 	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(p)}}
@@ -147,7 +201,7 @@ func (w *ringWriter) writeLending(pieces [][]byte, referenced func(int) bool, to
 	if err := w.publish(); err != nil {
 		return err
 	}
-	w.lentTo = w.head
+	w.lentTo.Store(w.head)
 	w.lent = append(w.lent, lentFrame{end: w.head, n: lent})
 	w.lentBytes += lent
 	return nil
@@ -173,9 +227,10 @@ func (w *ringWriter) awaitLendingRoom(n int) error {
 	}
 }
 
-// settle waits until the consumer has released the ring up to lentTo, the head after a frame
-// that lent memory. It touches only the shared control block: it may run beside a write.
-func (w *ringWriter) settle(lentTo uint64) error {
+// settle waits until the consumer has released the ring past the last frame that lent memory.
+// It touches only the shared control block and lentTo: it may run beside a write.
+func (w *ringWriter) settle() error {
+	lentTo := w.lentTo.Load()
 	for {
 		tail := w.r.ctrl.tail.Load()
 		if tail >= lentTo {
@@ -190,7 +245,7 @@ func (w *ringWriter) settle(lentTo uint64) error {
 // beginLending starts reading a frame that lends memory, inRing of whose bytes are in the
 // ring; it returns the frame's length, at most maxLen.
 func (r *ringReader) beginLending(inRing, maxLen int) (int, error) {
-	if r.lender == 0 {
+	if r.lender == nil {
 		return 0, fmt.Errorf("%w: it lends memory, which this stream does not read", transport.ErrMalformed)
 	}
 	if inRing < 4 || uint64(inRing) > r.r.size-4 {
@@ -255,7 +310,7 @@ func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
 			continue
 		}
 		n = min(len(p), sp.at+sp.n-pos)
-		if err := readProcess(r.lender, p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
+		if err := r.lender.read(p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
 			// A lender that died (or a stream that closed) cut the frame short: that is why
 			// the read ended (waitErr), not a malformed frame.
 			if r.broken != nil {
@@ -264,9 +319,9 @@ func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
 					return 0, true, gone
 				}
 			}
-			if errors.Is(err, unix.ESRCH) {
-				r.waitErr = fmt.Errorf("the peer's process is gone: %w", err)
-				return 0, true, r.waitErr
+			if errors.Is(err, errLenderGone) {
+				r.waitErr = err
+				return 0, true, err
 			}
 			return 0, true, fmt.Errorf("%w: the memory it lends at %#x+%d cannot be read: %w", transport.ErrMalformed, sp.addr, sp.n, err)
 		}

@@ -126,6 +126,34 @@ func TestLentMemoryIsHeldUntilSettled(t *testing.T) {
 	}
 }
 
+// TestARevokedLoanIsNotDelivered: once the sender revoked what it lent (its stream is ending and
+// it may reuse the memory), the receiver does not deliver a chunk it read from that memory,
+// even though the frame is whole in its ring; it ends the stream instead, as the peer's end.
+func TestARevokedLoanIsNotDelivered(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		revoke func(*stream)
+	}{
+		{"revoked", func(s *stream) { s.Revoke() }},
+		{"closed", func(s *stream) { s.Close() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client, server := lendingPair(t, true)
+			if err := client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: randomBytes(t, 2*minLentBytes)}); err != nil {
+				t.Fatal(err)
+			}
+			c.revoke(client)
+			f, err := server.Recv()
+			if err == nil {
+				t.Fatalf("a %d-byte chunk was delivered from memory its sender took back", len(f.Payload))
+			}
+			if errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), "closed the stream") {
+				t.Fatalf("Recv: %v; want the stream's end, saying the peer closed it", err)
+			}
+		})
+	}
+}
+
 // TestLentBytesAreBoundedByTheRing: a sender lends at most a ring's worth of bytes the receiver
 // has not read, as copying into the ring would hold it; otherwise a big message would be queued
 // whole ahead of the next and the two could not take turns.
@@ -197,34 +225,58 @@ func lentChunkRing(t *testing.T, payload []byte) ring {
 	if err := w.writeLending(pieces, p.Referenced, total); err != nil {
 		t.Fatal(err)
 	}
-	if w.lentTo == 0 {
+	if w.lentTo.Load() == 0 {
 		t.Fatal("the writer did not lend the chunk")
 	}
 	return rg
 }
 
-// TestAGoneLenderCutsTheFrameShort: a peer that dies while its chunk is read from its memory
-// ended the stream; it did not send a malformed frame (which would be logged as a protocol
-// violation).
-func TestAGoneLenderCutsTheFrameShort(t *testing.T) {
-	gone := exec.Command("true")
-	if err := gone.Run(); err != nil {
+// lenderOf is process pid as a lender, or nil for pid 0.
+func lenderOf(t testing.TB, pid int) *lender {
+	t.Helper()
+	if pid == 0 {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
+	l := &lender{pid: pid, pidfd: fd}
+	t.Cleanup(l.close)
+	return l
+}
+
+// TestAGoneLenderCutsTheFrameShort: a peer that dies while its chunk is read from its memory
+// ended the stream; it did not send a malformed frame (which would be logged as a protocol
+// violation). Once it has exited, its pid may name another process: what was read then is
+// not delivered even if the read worked.
+func TestAGoneLenderCutsTheFrameShort(t *testing.T) {
+	child := exec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := lenderOf(t, child.Process.Pid)
+	_ = child.Process.Kill()
+	_ = child.Wait() // reaped: its pid is free for another process
 	cases := []struct {
 		name   string
+		lender *lender
 		broken func() error
 		want   string
 	}{
-		{"its process is gone", nil, "process is gone"},
-		{"its stream ended first", func() error { return errors.New("the worker is gone: EOF") }, "EOF"},
+		{"its process is gone", exited, nil, "process is gone"},
+		{"its pid now names another process", &lender{pid: os.Getpid(), pidfd: exited.pidfd}, nil, "process is gone"},
+		{"its stream ended first", exited, func() error { return errors.New("the worker is gone: EOF") }, "EOF"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rg := lentChunkRing(t, randomBytes(t, 2*minLentBytes))
-			r := &ringReader{r: rg, lender: gone.Process.Pid, sleep: func() error { return errNoMoreData }, broken: c.broken}
-			_, err := r.readFrame(msgpack.NewDecoder(nil), nil)
-			if err == nil || errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+			r := &ringReader{r: rg, lender: c.lender, sleep: func() error { return errNoMoreData }, broken: c.broken}
+			f, err := r.readFrame(msgpack.NewDecoder(nil), nil)
+			if err == nil {
+				t.Fatalf("a %d-byte chunk was delivered from a process that had exited", len(f.Payload))
+			}
+			if errors.Is(err, transport.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("readFrame: %v; want the stream's end saying %q, not a malformed frame", err, c.want)
 			}
 		})
@@ -254,7 +306,7 @@ func TestHostileLendingFramesAreRefused(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rg := lentChunkRing(t, payload)
 			c.corrupt(rg.data)
-			r := &ringReader{r: rg, lender: c.lender, sleep: func() error { return errNoMoreData }}
+			r := &ringReader{r: rg, lender: lenderOf(t, c.lender), sleep: func() error { return errNoMoreData }}
 			f, err := r.readFrame(msgpack.NewDecoder(nil), nil)
 			if c.want == "" {
 				if err != nil || !bytes.Equal(f.Payload, payload) {
@@ -305,8 +357,9 @@ func TestLendingNeedsTheProbeReadBack(t *testing.T) {
 				ctrl.lenderBase.Add(tc.shift)
 			}
 			got := acceptLending(mem, MinRingBytes, dir, tc.pid)
-			if reads := got != 0; reads != tc.reads || (reads && got != tc.pid) {
-				t.Fatalf("acceptLending = %d, want reading %v", got, tc.reads)
+			defer got.close()
+			if reads := got != nil; reads != tc.reads || (reads && got.pid != tc.pid) {
+				t.Fatalf("acceptLending = %v, want reading %v", got, tc.reads)
 			}
 			if flag := ctrl.readsLender.Load() == 1; flag != tc.reads {
 				t.Fatalf("readsLender %v, want %v", flag, tc.reads)

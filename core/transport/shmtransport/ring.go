@@ -37,8 +37,10 @@ type ringCtrl struct {
 	// and the producer may then lend it big byte strings instead of copying them in.
 	lenderBase  atomic.Uint64
 	readsLender atomic.Uint32
-	_           [4]byte
-	probe       [16]byte
+	// revoked is set by the producer before it reuses memory the consumer may not have read
+	// yet (its stream is ending); the consumer checks it after reading lent memory.
+	revoked atomic.Uint32
+	probe   [16]byte
 }
 
 // ring is one direction of a stream: its control block and data area in a mapped region.
@@ -78,7 +80,7 @@ type ringWriter struct {
 	published uint64 // the head the consumer can see
 	// lentTo is the head after the last frame that lent memory: the consumer has read all it
 	// lent once it releases the ring up to here.
-	lentTo uint64
+	lentTo atomic.Uint64
 	spans  []lentSpan
 	// lent is the frames whose lent memory the consumer may still be reading, lentBytes theirs.
 	lent      []lentFrame
@@ -196,10 +198,10 @@ type ringReader struct {
 	replay bool
 	// waitErr is why waiting for more of the current frame failed, if it did.
 	waitErr error
-	// lender is the producer's process if this reader reads what it lends (0: it does not,
+	// lender is the producer's process if this reader reads what it lends (nil: it does not,
 	// and a frame that lends memory is malformed); spans is what the current frame lends and
 	// frameLen its length.
-	lender   int
+	lender   *lender
 	spans    []lentSpan
 	frameLen int
 }
@@ -291,6 +293,10 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 			return nil, r.waitErr
 		}
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
+	}
+	// The producer may have reused lent memory while it was read: it revokes before it does.
+	if len(r.spans) > 0 && r.r.ctrl.revoked.Load() != 0 {
+		return nil, errRevoked
 	}
 	if err := r.end(); err != nil {
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)

@@ -33,7 +33,7 @@ func FuzzRingReader(f *testing.F) {
 	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
 	w := &ringWriter{r: ringAt(mem, laneBulk, 0, MinRingBytes), wake: func() error { return nil }, broken: func() error { return nil }}
 	lent, lentTotal, _ := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 7, Payload: make([]byte, minLentBytes)})
-	if err := w.writeLending(lent, p.Referenced, lentTotal); err != nil || w.lentTo == 0 {
+	if err := w.writeLending(lent, p.Referenced, lentTotal); err != nil || w.lentTo.Load() == 0 {
 		f.Fatalf("no lending frame to start from: %v", err)
 	}
 	f.Add(w.head, uint64(0), append([]byte(nil), w.r.data[:w.head]...))
@@ -47,7 +47,7 @@ func FuzzRingReader(f *testing.F) {
 		}
 		rg.ctrl.head.Store(start + written)
 		rg.ctrl.tail.Store(start)
-		r := &ringReader{r: rg, tail: start, released: start, head: start, sleep: func() error { return errNoMoreData }, lender: os.Getpid()}
+		r := &ringReader{r: rg, tail: start, released: start, head: start, sleep: func() error { return errNoMoreData }, lender: lenderOf(t, os.Getpid())}
 		dec := msgpack.NewDecoder(nil)
 		sink := func(id uint64, offset int64, n int) ([]byte, bool) { return make([]byte, min(n, 1<<20)), n <= 1<<20 }
 		for range 64 {

@@ -23,9 +23,10 @@ import (
 // small call during the first 256 MiB transfer of a process took 20 ms behind a full 4 MiB
 // ring drained at page-fault speed; two lanes bound the wait by one bulk frame).
 type stream struct {
-	conn  *net.UnixConn
-	mem   []byte
-	lanes [2]lane
+	conn   *net.UnixConn
+	mem    []byte
+	lender *lender
+	lanes  [2]lane
 	// next is the lane Recv looks at first: the lanes take turns when both have a frame.
 	next int
 	// helloFirst, on an accepted stream until Recv returns its first frame, keeps the bulk
@@ -75,9 +76,10 @@ func (s *stream) Identity() transport.PeerIdentity {
 }
 
 // newStream runs over mem, writing direction out of each lane and reading direction 1-out;
-// lender is the peer's process if this side reads what it lends (0: it does not).
-func newStream(conn *net.UnixConn, mem []byte, ringBytes, out, lender int, peer string) *stream {
-	s := &stream{conn: conn, mem: mem, peer: peer, done: make(chan struct{})}
+// lender is the peer's process if this side reads what it lends (nil: it does not), which the
+// stream then owns.
+func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, lender *lender, peer string) *stream {
+	s := &stream{conn: conn, mem: mem, lender: lender, peer: peer, done: make(chan struct{})}
 	for i := range s.lanes {
 		l := &s.lanes[i]
 		l.out = ringWriter{r: ringAt(mem, i, out, ringBytes), wake: s.wakePeer, broken: s.broken}
@@ -128,16 +130,24 @@ func (s *stream) Settle() error {
 		return s.ended()
 	}
 	defer s.leave()
-	l := &s.lanes[laneBulk]
 	// The wait holds no lock: the writer goes on sending while an earlier message settles.
-	l.sendMu.Lock()
-	lentTo := l.out.lentTo
-	l.sendMu.Unlock()
-	if err := l.out.settle(lentTo); err != nil {
+	if err := s.lanes[laneBulk].out.settle(); err != nil {
+		s.Revoke()
 		return s.fail(err)
 	}
 	return nil
 }
+
+// Revoke implements transport.Lending.
+func (s *stream) Revoke() {
+	if s.enter() {
+		s.revoke()
+		s.leave()
+	}
+}
+
+// revoke tells the peer that what this side lent may be reused; the region must be mapped.
+func (s *stream) revoke() { s.lanes[laneBulk].out.r.ctrl.revoked.Store(1) }
 
 // Recv reads the next frame from whichever lane has one, taking turns when both have.
 func (s *stream) Recv() (*wire.Frame, error) {
@@ -285,6 +295,7 @@ func (s *stream) leave() {
 	s.mu.Unlock()
 	if last {
 		unix.Munmap(s.mem)
+		s.lender.close()
 	}
 }
 
@@ -299,6 +310,8 @@ func (s *stream) Close() error {
 	// The reason goes first: a Send or Recv refused from now on must find it.
 	closedErr := error(transport.ErrClosed)
 	s.gone.CompareAndSwap(nil, &closedErr)
+	// Before anyone can find the stream closed (Settle, then give lent memory back).
+	s.revoke()
 	s.closed = true
 	s.users++ // this Close uses the region to wake a waiting producer
 	onClose := s.onClose

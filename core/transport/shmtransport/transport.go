@@ -1,9 +1,10 @@
 // Package shmtransport carries streams between agents on one host through shared memory, as
 // TensorPipe's shm transport does: a dialer connects to the listener's abstract Unix socket,
 // shows the world's token, and passes a sealed memfd region holding one ring per direction
-// (SCM_RIGHTS). Frames are written into the rings once and read out once; a reader with
-// nothing to read sleeps on the socket and is woken by one byte, so an idle stream costs no
-// CPU, and the socket's end tells each side at once that the other is gone.
+// (SCM_RIGHTS). Frames are written into the rings once and read out once (a big chunk, where
+// the peer may read this process, is read once straight from its memory instead: lending.go); a
+// reader with nothing to read sleeps on the socket and is woken by one byte, so an idle stream
+// costs no CPU, and the socket's end tells each side at once that the other is gone.
 //
 // Two agents can use it only if they share a boot and a network namespace ([HostKey]); the
 // address it listens on says which host it is on, and [Transport.Reaches] says whether an
@@ -28,6 +29,7 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultRingBytes is the data area of each direction of a stream: big frames stream through
@@ -165,6 +167,10 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	}
 	if err != nil {
 		conn.Close()
+		if mem != nil { // set up, then the context ended
+			unix.Munmap(mem)
+			lender.close()
+		}
 		return nil, fmt.Errorf("set up shared memory with %s: %w", addr, err)
 	}
 	conn.SetDeadline(time.Time{})

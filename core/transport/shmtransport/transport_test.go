@@ -180,7 +180,7 @@ func TestClosedPeerFailsBlockedCalls(t *testing.T) {
 			if err := s.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 4*minLentBytes)}); err != nil {
 				return err
 			}
-			if s.(*stream).lanes[laneBulk].out.lentTo == 0 {
+			if s.(*stream).lanes[laneBulk].out.lentTo.Load() == 0 {
 				return errors.New("the chunk was not lent")
 			}
 			return s.(transport.Lending).Settle()

@@ -34,13 +34,7 @@ func lendingPair(t *testing.T, lending bool) (client, server *stream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The bulk lane of an accepted stream is read only after its opening frame.
-	if err := c.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Recv(); err != nil {
-		t.Fatal(err)
-	}
+	openBulkLane(t, c, s)
 	return c.(*stream), s.(*stream)
 }
 

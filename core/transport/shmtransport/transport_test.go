@@ -234,6 +234,18 @@ func TestHostileIndicesAreRefused(t *testing.T) {
 	}
 }
 
+// openBulkLane sends and receives the dialer's opening frame: the bulk lane of an accepted
+// stream is read only after it.
+func openBulkLane(t *testing.T, dialed, accepted transport.Stream) {
+	t.Helper()
+	if err := dialed.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := accepted.Recv(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestOversizedFrameLengthIsRefused(t *testing.T) {
 	for _, ln := range []int{laneSmall, laneBulk} {
 		t.Run(fmt.Sprintf("lane %d", ln), func(t *testing.T) {
@@ -241,13 +253,7 @@ func TestOversizedFrameLengthIsRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The bulk lane of an accepted stream is read only after its opening frame.
-			if err := client.Send(wire.HelloFrame("w0", 0, 0)); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := server.Recv(); err != nil {
-				t.Fatal(err)
-			}
+			openBulkLane(t, client, server)
 			var prefix [4]byte
 			putUint32(prefix[:], wire.MaxFrameBytes+1)
 			w := &client.(*stream).lanes[ln].out

@@ -311,8 +311,13 @@ func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
 		}
 		n = min(len(p), sp.at+sp.n-pos)
 		if err := r.lender.read(p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
-			// A lender that died (or a stream that closed) cut the frame short: that is why
-			// the read ended (waitErr), not a malformed frame.
+			// A lender that died, took its loan back (and freed the memory) or a stream that
+			// closed cut the frame short: that is why the read ended (waitErr), not a
+			// malformed frame.
+			if r.r.ctrl.revoked.Load() != 0 {
+				r.waitErr = errRevoked
+				return 0, true, errRevoked
+			}
 			if r.broken != nil {
 				if gone := r.broken(); gone != nil {
 					r.waitErr = gone

@@ -243,7 +243,8 @@ func lenderOf(t testing.TB, pid int) *lender {
 // TestAGoneLenderCutsTheFrameShort: a peer that dies while its chunk is read from its memory
 // ended the stream; it did not send a malformed frame (which would be logged as a protocol
 // violation). Once it has exited, its pid may name another process: what was read then is
-// not delivered even if the read worked.
+// not delivered even if the read worked. One that took its loan back may have freed the memory:
+// the read fails, and that too is the stream's end.
 func TestAGoneLenderCutsTheFrameShort(t *testing.T) {
 	child := exec.Command("sleep", "30")
 	if err := child.Start(); err != nil {
@@ -256,15 +257,23 @@ func TestAGoneLenderCutsTheFrameShort(t *testing.T) {
 		name   string
 		lender *lender
 		broken func() error
+		freed  bool // the loan was revoked, then the lent address unmapped
 		want   string
 	}{
-		{"its process is gone", exited, nil, "process is gone"},
-		{"its pid now names another process", &lender{pid: os.Getpid(), pidfd: exited.pidfd}, nil, "process is gone"},
-		{"its stream ended first", exited, func() error { return errors.New("the worker is gone: EOF") }, "EOF"},
+		{"its process is gone", exited, nil, false, "process is gone"},
+		{"its pid now names another process", &lender{pid: os.Getpid(), pidfd: exited.pidfd}, nil, false, "process is gone"},
+		{"its stream ended first", exited, func() error { return errors.New("the worker is gone: EOF") }, false, "EOF"},
+		{"it took the loan back and freed the memory", lenderOf(t, os.Getpid()), nil, true, "closed the stream"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rg := lentChunkRing(t, randomBytes(t, 2*minLentBytes))
+			if c.freed {
+				rg.ctrl.revoked.Store(1)
+				const addrAt = 16
+				putUint32(rg.data[addrAt:], 4096)
+				putUint32(rg.data[addrAt+4:], 0)
+			}
 			r := &ringReader{r: rg, lender: c.lender, sleep: func() error { return errNoMoreData }, broken: c.broken}
 			f, err := r.readFrame(msgpack.NewDecoder(nil), nil)
 			if err == nil {

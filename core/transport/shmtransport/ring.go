@@ -295,6 +295,9 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
 	}
 	// The producer may have reused lent memory while it was read: it revokes before it does.
+	// The load comes after the reads (a syscall each) and pairs with the producer's store, both
+	// sequentially consistent atomics on coherent shared memory: a read that overlapped the
+	// reuse finds the flag set.
 	if len(r.spans) > 0 && r.r.ctrl.revoked.Load() != 0 {
 		return nil, errRevoked
 	}

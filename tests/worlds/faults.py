@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+import numpy as np
+
 import tensorplay_rpc as rpc
 
 from .common import Sleeper, add, init, options, set_done, shm_mappings, sleeping_now, slow, wait_done, wait_for_file
@@ -125,12 +127,10 @@ def _received():
         return _big_received[0]
 
 
-def _stream_big(to, nbytes, futs, stop):
-    """Sends arrays of nbytes to `to` back to back, two in flight, until stop is set or a call fails."""
-    import numpy as np
-
+def _stream_big(to, nbytes, futs):
+    """Sends arrays of nbytes to `to` back to back, two in flight, until a call fails (at most 1000)."""
     arr = np.ones(nbytes, dtype=np.uint8)
-    while not stop.is_set() and len(futs) < 1000:
+    while len(futs) < 1000:
         futs.append(rpc.rpc_async(to, _sum_first, args=(arr,)))
         if len(futs) >= 2:
             try:
@@ -146,8 +146,8 @@ def peer_dies_mid_transfer(rank, world_size, ready_file, nbytes):
     nbytes = int(nbytes)
     out = {}
     if rank == 0:
-        futs, stop = [], threading.Event()
-        sender = threading.Thread(target=_stream_big, args=("worker1", nbytes, futs, stop))
+        futs = []
+        sender = threading.Thread(target=_stream_big, args=("worker1", nbytes, futs))
         sender.start()
         deadline = time.monotonic() + 30
         while rpc.rpc_sync("worker1", _received) < 4 or _received() < 4:
@@ -157,7 +157,6 @@ def peer_dies_mid_transfer(rank, world_size, ready_file, nbytes):
             f.write("ready")
         start = time.monotonic()
         sender.join(timeout=30)
-        stop.set()
         errors = []
         for f in futs:
             try:
@@ -169,14 +168,12 @@ def peer_dies_mid_transfer(rank, world_size, ready_file, nbytes):
         out["errors"] = errors
         out["completed"] = len(futs) - len(errors)
         out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
-        import numpy as np
         out["big_to_survivor"] = rpc.rpc_sync("worker2", _sum_first, args=(np.ones(nbytes, dtype=np.uint8),))
         rpc.rpc_sync("worker2", set_done)
         rpc.shutdown()
         out["mapped_after_shutdown"] = shm_mappings()
     elif rank == 1:
-        futs, stop = [], threading.Event()
-        _stream_big("worker0", nbytes, futs, stop)  # killed by the test while at it
+        _stream_big("worker0", nbytes, [])  # killed by the test while at it
     else:
         wait_done(60)
         rpc.shutdown()

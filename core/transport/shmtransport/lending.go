@@ -311,19 +311,8 @@ func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
 		}
 		n = min(len(p), sp.at+sp.n-pos)
 		if err := r.lender.read(p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
-			// A lender that died, took its loan back (and freed the memory) or a stream that
-			// closed cut the frame short: that is why the read ended (waitErr), not a
-			// malformed frame.
-			if r.r.ctrl.revoked.Load() != 0 {
-				r.waitErr = errRevoked
-				return 0, true, errRevoked
-			}
-			if r.broken != nil {
-				if gone := r.broken(); gone != nil {
-					r.waitErr = gone
-					return 0, true, gone
-				}
-			}
+			// A lender that died cut the frame short: that is why the read ended (waitErr),
+			// not a malformed frame. (One that took its loan back is found by readFrame.)
 			if errors.Is(err, errLenderGone) {
 				r.waitErr = err
 				return 0, true, err

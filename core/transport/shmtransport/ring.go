@@ -286,20 +286,21 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 	f := &wire.Frame{Sink: sink}
 	dec.Reset(r)
 	r.waitErr = nil
-	if err := f.DecodeMsgpack(dec); err != nil {
+	err := f.DecodeMsgpack(dec)
+	// The producer may have reused lent memory while it was read, or freed it so that the read
+	// failed: it revokes before it does. The load comes after the reads (a syscall each) and
+	// pairs with the producer's store, both sequentially consistent atomics on coherent shared
+	// memory: a read that overlapped the reuse finds the flag set.
+	if len(r.spans) > 0 && r.r.ctrl.revoked.Load() != 0 {
+		return nil, errRevoked
+	}
+	if err != nil {
 		if r.waitErr != nil {
-			// A frame bigger than the ring is decoded as it comes: it was cut short (the
-			// peer is gone, the stream closed), not malformed.
+			// A frame bigger than the ring, or one that lends memory, is decoded as it comes:
+			// it was cut short (the peer is gone, the stream closed), not malformed.
 			return nil, r.waitErr
 		}
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
-	}
-	// The producer may have reused lent memory while it was read: it revokes before it does.
-	// The load comes after the reads (a syscall each) and pairs with the producer's store, both
-	// sequentially consistent atomics on coherent shared memory: a read that overlapped the
-	// reuse finds the flag set.
-	if len(r.spans) > 0 && r.r.ctrl.revoked.Load() != 0 {
-		return nil, errRevoked
 	}
 	if err := r.end(); err != nil {
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)

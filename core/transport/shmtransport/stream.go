@@ -132,8 +132,7 @@ func (s *stream) Settle() error {
 	defer s.leave()
 	// The wait holds no lock: the writer goes on sending while an earlier message settles.
 	if err := s.lanes[laneBulk].out.settle(); err != nil {
-		s.Revoke()
-		return s.fail(err)
+		return s.fail(err) // closing revokes what was lent
 	}
 	return nil
 }

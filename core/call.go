@@ -114,6 +114,7 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 		return f
 	}
 	conn.Store(c)
+	f.conn.Store(c)
 	if err := c.send(id, f, frame, req); err != nil {
 		f.complete(Message{}, err)
 	}

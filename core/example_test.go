@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -148,6 +149,40 @@ func ExampleConfig_transports() {
 	// Output:
 	// over gRPC <nil>
 	// true false
+}
+
+// A thread that waits for its call (a C or Python thread calling into Go, locked to its
+// goroutine) may read the reply itself: over shared memory the reply then wakes it directly,
+// not through the stream's reader goroutine. Where it cannot read, AwaitReading returns at once
+// with the whole wait left, and the thread waits as usual.
+func ExampleCallFuture_AwaitReading() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	echo := core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
+		return req, nil
+	})
+	agents, err := startAll(2, func(cfg *core.Config) {
+		cfg.InitMethod = "file://" + filepath.Join(dir, "store")
+		cfg.Handlers = map[string]core.Handler{"echo": echo}
+		cfg.Transports = []string{core.TransportSHM}
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer func() {
+		for _, a := range agents {
+			a.Shutdown(context.Background(), false)
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	f := agents[0].CallAsync(ctx, "w1", "echo", core.Message{Payload: []byte("read by the thread that waited")})
+	f.AwaitReading(time.Second)
+	resp, err := f.Result() // at once if the reply came meanwhile
+	fmt.Println(string(resp.Payload), err)
+	// Output: read by the thread that waited <nil>
 }
 
 // A dynamic world (WorldSize 0, torch's world_size=None): workers join one at a time and leave

@@ -2,7 +2,12 @@ package core
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/transport"
 )
 
 // CallFuture is the pending result of one call.
@@ -18,6 +23,12 @@ type CallFuture struct {
 	writer    *frameWriter
 	out       *outMessage // the request, while it is sent in chunks
 	afterDone []func()
+
+	// conn is the stream the request went on, once it did; completed is set as the outcome
+	// is, and then interrupt, if set, wakes the thread reading for itself (AwaitReading).
+	conn      atomic.Pointer[peerConn]
+	completed atomic.Bool
+	interrupt atomic.Pointer[func()]
 }
 
 func newCallFuture() *CallFuture { return &CallFuture{done: make(chan struct{})} }
@@ -67,6 +78,11 @@ func (f *CallFuture) complete(resp Message, err error) bool {
 		after := f.afterDone
 		f.afterDone = nil
 		f.outMu.Unlock()
+		// After Done is closed: a thread that sees completed finds it closed.
+		f.completed.Store(true)
+		if wake := f.interrupt.Load(); wake != nil {
+			(*wake)()
+		}
 		for _, fn := range after {
 			fn()
 		}
@@ -88,6 +104,49 @@ func (f *CallFuture) AfterDone(fn func()) {
 	}
 	f.afterDone = append(f.afterDone, fn)
 	f.outMu.Unlock()
+}
+
+// AwaitReading waits up to d for the call to complete, reading the stream to the callee itself
+// while it can (transport.SelfReading): the reply then wakes this thread directly, not through
+// the stream's reader goroutine. It returns what is left of d: at once, all of it, where it
+// cannot read (another thread does, or the transport cannot); the caller then waits otherwise.
+func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
+	deadline := time.Now().Add(d)
+	c := f.conn.Load()
+	if c == nil || f.completed.Load() {
+		return d
+	}
+	sr, ok := c.stream.(transport.SelfReading)
+	if !ok || !c.selfReader.CompareAndSwap(false, true) {
+		return d
+	}
+	defer c.selfReader.Store(false)
+	defer func() {
+		if r := recover(); r != nil {
+			reportPanic(c.peer.agent.log, c.peer.info.Name, "reading replies", r, c.fail)
+		}
+	}()
+	wake := sr.Interrupt
+	for !f.completed.Load() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return 0
+		}
+		// Set only while this thread may sleep: one that completes its own call wakes nobody.
+		f.interrupt.Store(&wake)
+		fr, err := sr.RecvWaiting(left, f.completed.Load)
+		f.interrupt.Store(nil)
+		switch {
+		case errors.Is(err, transport.ErrBusy):
+			return time.Until(deadline)
+		case err != nil:
+			c.fail(err)
+			return time.Until(deadline)
+		case fr != nil && !c.handle(fr):
+			return time.Until(deadline)
+		}
+	}
+	return time.Until(deadline)
 }
 
 // Done is closed when the call has completed.

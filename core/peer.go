@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
@@ -109,6 +110,12 @@ type peerConn struct {
 	mu      sync.Mutex
 	pending map[uint64]*CallFuture
 	broken  error
+
+	// handleMu is held while a received frame is taken in: by the reader goroutine, or by a
+	// thread that reads for itself (at most one at a time: selfReader).
+	handleMu   sync.Mutex
+	incoming   *reassembler // nil once the reader goroutine ended
+	selfReader atomic.Bool
 }
 
 // connect returns the live stream to the peer, dialing it if there is none. Concurrent
@@ -170,6 +177,8 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	}
 	c := &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}
 	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
+	c.incoming = newReassembler(c.ctx, p.agent.maxMessageSize, p.agent.receiveBudget, p.info.Name)
+	c.incoming.attach(s)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
 	gen := p.newRefStream()
 	c.writer.takeRefOps = func(limit int) ([]wire.RefOp, uint64) { return p.takeRefOps(gen, limit) }
@@ -214,53 +223,73 @@ func (c *peerConn) take(id uint64) *CallFuture {
 }
 
 func (c *peerConn) readLoop() {
-	a, name := c.peer.agent, c.peer.info.Name
 	defer func() {
 		if r := recover(); r != nil {
-			reportPanic(a.log, name, "reading replies", r, c.fail)
+			reportPanic(c.peer.agent.log, c.peer.info.Name, "reading replies", r, c.fail)
 		}
 	}()
-	incoming := newReassembler(c.ctx, a.maxMessageSize, a.receiveBudget, name)
-	incoming.attach(c.stream)
-	defer incoming.close()
+	defer c.closeIncoming()
 	for {
 		fr, err := c.stream.Recv()
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		fr, msg, refused, err := incoming.add(fr)
-		if err != nil {
-			c.fail(fmt.Errorf("bad frame: %w", err))
+		if !c.handle(fr) {
 			return
 		}
-		if fr == nil {
-			continue
-		}
-		if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
-			c.peer.ackRefOps(fr.RefSeq)
-		}
-		if fr.Kind != wire.FrameResponse {
-			msg.Release()
-			if fr.Kind != wire.FrameRefs || len(fr.Refs) > 0 {
-				a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
-			}
-			continue
-		}
-		if refused != nil {
-			// Only this call fails; its chunks are dropped as they come.
-			if f := c.take(fr.ID); f != nil {
-				f.complete(Message{}, fmt.Errorf("the reply of worker %q was refused: %w", name, refused))
-			}
-			continue
-		}
-		if f := c.take(fr.ID); f != nil {
-			resp, err := responseResult(fr, msg, c.peer.info.Name)
-			f.complete(resp, err)
-		} else {
-			msg.Release() // the caller gave up on it
-		}
 	}
+}
+
+// handle takes one frame read from the stream (by the reader goroutine, or by a thread waiting
+// for its reply, see CallFuture.AwaitReading); it reports false once the stream is over.
+func (c *peerConn) handle(fr *wire.Frame) bool {
+	a, name := c.peer.agent, c.peer.info.Name
+	c.handleMu.Lock()
+	defer c.handleMu.Unlock()
+	if c.incoming == nil {
+		return false // the reader goroutine ended: the stream failed
+	}
+	fr, msg, refused, err := c.incoming.add(fr)
+	if err != nil {
+		c.fail(fmt.Errorf("bad frame: %w", err))
+		return false
+	}
+	if fr == nil {
+		return true
+	}
+	if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
+		c.peer.ackRefOps(fr.RefSeq)
+	}
+	if fr.Kind != wire.FrameResponse {
+		msg.Release()
+		if fr.Kind != wire.FrameRefs || len(fr.Refs) > 0 {
+			a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
+		}
+		return true
+	}
+	if refused != nil {
+		// Only this call fails; its chunks are dropped as they come.
+		if f := c.take(fr.ID); f != nil {
+			f.complete(Message{}, fmt.Errorf("the reply of worker %q was refused: %w", name, refused))
+		}
+		return true
+	}
+	if f := c.take(fr.ID); f != nil {
+		resp, err := responseResult(fr, msg, name)
+		f.complete(resp, err)
+	} else {
+		msg.Release() // the caller gave up on it
+	}
+	return true
+}
+
+// closeIncoming drops the messages under way once the reader goroutine ends.
+func (c *peerConn) closeIncoming() {
+	c.handleMu.Lock()
+	defer c.handleMu.Unlock()
+	c.incoming.close()
+	c.incoming = nil
 }
 
 // leave fails the peer for good with why: it left the world. Calls waiting on it fail, and so

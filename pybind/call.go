@@ -70,7 +70,8 @@ func (c *Call) wait(timeoutMs int, interruptible bool) bool {
 	// wait costs an idle process).
 	var hot time.Duration
 	if d > 0 && c.waits.Add(1) == 1 {
-		hot = min(d, hotWait)
+		// Reading the stream itself, where it can, the reply wakes this thread directly.
+		hot = c.future.AwaitReading(min(d, hotWait))
 	}
 	if c.done.wait(hot) {
 		select {

@@ -5,6 +5,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
@@ -55,6 +56,24 @@ type Lending interface {
 	// that is ending.
 	Revoke()
 }
+
+// SelfReading is implemented by streams that a thread waiting for a reply may read for itself:
+// the peer then wakes that thread directly, instead of a reader goroutine that wakes it in turn
+// (a thread hand-off saved per reply). Frames of the small lane only (not Bulk): a big
+// message's stay with Recv. Recv and RecvWaiting may run at once; each frame goes to one.
+type SelfReading interface {
+	Stream
+	// RecvWaiting returns the next small frame, waiting up to d for one unless stop reports
+	// true (checked before each sleep; Interrupt wakes a sleep to check it again). It returns
+	// nil, nil if none came, and ErrBusy at once if another reads the stream (or the next
+	// frame is one Recv must read): the caller then waits for Recv's reader.
+	RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, error)
+	// Interrupt wakes a RecvWaiting asleep, to check its stop again.
+	Interrupt()
+}
+
+// ErrBusy is what RecvWaiting reports when the stream is another reader's to read now.
+var ErrBusy = errors.New("another reader reads the stream")
 
 // Bulk reports whether f belongs in a big message's lane: its header (it gives the sizes of the
 // data to come), its chunks, or its abort.

@@ -210,7 +210,7 @@ func lentChunkRing(t *testing.T, payload []byte) ring {
 	words := make([]uint64, regionBytes(MinRingBytes)/8)
 	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
 	rg := ringAt(mem, laneBulk, 0, MinRingBytes)
-	w := &ringWriter{r: rg, wake: func() error { return nil }, broken: func() error { return nil }}
+	w := &ringWriter{r: rg, wake: func(uint32) error { return nil }, broken: func() error { return nil }}
 	var p wire.Parts
 	pieces, total, err := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 9, Payload: payload})
 	if err != nil {

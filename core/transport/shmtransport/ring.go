@@ -23,10 +23,14 @@ type ringCtrl struct {
 	// tail counts the bytes ever read; only the consumer stores it.
 	tail atomic.Uint64
 	_    [56]byte
-	// readerAsleep is set by a consumer about to sleep on the socket: the producer that
-	// clears it owes it one wake-up byte.
+	// readerAsleep is set by a consumer about to sleep, to how it sleeps (readerOnSocket or
+	// readerOnDoorbell): the producer that clears it owes it that wake-up.
 	readerAsleep atomic.Uint32
 	_            [60]byte
+	// doorbell, in the small lane's block of a direction, is the futex word a thread that
+	// reads the stream for itself sleeps on; the producer of either lane rings it.
+	doorbell atomic.Uint32
+	_        [60]byte
 	// writerAsleep is set by a producer waiting for space; the consumer that clears it bumps
 	// spaceSeq, the futex word the producer sleeps on.
 	writerAsleep atomic.Uint32
@@ -85,8 +89,8 @@ type ringWriter struct {
 	// lent is the frames whose lent memory the consumer may still be reading, lentBytes theirs.
 	lent      []lentFrame
 	lentBytes int
-	// wake tells the consumer, asleep on the socket, that there is data.
-	wake func() error
+	// wake tells the consumer, asleep as readerAsleep said, that there is data.
+	wake func(how uint32) error
 	// broken is non-nil once the stream cannot go on (closed, or the peer gone).
 	broken func() error
 }
@@ -169,11 +173,19 @@ func (w *ringWriter) publish() error {
 	ctrl := w.r.ctrl
 	ctrl.head.Store(w.head)
 	w.published = w.head
-	if ctrl.readerAsleep.Load() != 0 && ctrl.readerAsleep.CompareAndSwap(1, 0) {
-		return w.wake()
+	if how := ctrl.readerAsleep.Load(); how != 0 && ctrl.readerAsleep.CompareAndSwap(how, 0) {
+		return w.wake(how)
 	}
 	return nil
 }
+
+// How a consumer sleeps (ringCtrl.readerAsleep): on the socket, woken by a byte (the stream's
+// reader goroutine, in Go's network poller), or in a futex on the doorbell (a thread reading
+// for itself: the peer wakes it directly, with no goroutine to wake it in turn).
+const (
+	readerOnSocket   = 1
+	readerOnDoorbell = 2
+)
 
 // ringReader is the consumer of one ring. It reads one frame at a time (begin, then Read and
 // ReadByte up to the frame's length) and implements io.Reader and io.ByteScanner for the
@@ -209,21 +221,33 @@ type ringReader struct {
 // ready reports, without waiting, whether a whole frame can be read (for a frame bigger than the
 // ring, its length: the rest streams through). It records the write index it saw.
 func (r *ringReader) ready() (bool, error) {
+	n, known, err := r.peek()
+	if !known || err != nil {
+		return false, err
+	}
+	return n > r.r.size-lengthBytes || r.head-r.tail >= lengthBytes+n, nil
+}
+
+// peek returns, without waiting, the length of the next frame if enough is written to know it.
+// It records the write index it saw.
+func (r *ringReader) peek() (n uint64, known bool, err error) {
 	head := r.r.ctrl.head.Load()
 	if head-r.tail > r.r.size {
-		return false, fmt.Errorf("%w: peer wrote to %d with %d bytes read", errCorrupt, head, r.tail)
+		return 0, false, fmt.Errorf("%w: peer wrote to %d with %d bytes read", errCorrupt, head, r.tail)
 	}
 	r.head = head
-	var prefix [4]byte
-	if head-r.tail < uint64(len(prefix)) {
-		return false, nil
+	var prefix [lengthBytes]byte
+	if head-r.tail < lengthBytes {
+		return 0, false, nil
 	}
 	at := r.tail & (r.r.size - 1)
 	k := copy(prefix[:], r.r.data[at:])
 	copy(prefix[k:], r.r.data)
-	n := uint64(getUint32(prefix[:]) &^ lendsFlag)
-	return n > r.r.size-uint64(len(prefix)) || head-r.tail >= uint64(len(prefix))+n, nil
+	return uint64(getUint32(prefix[:]) &^ lendsFlag), true, nil
 }
+
+// lengthBytes is the size of a frame's length prefix.
+const lengthBytes = 4
 
 // changed reports whether the producer wrote more since ready looked.
 func (r *ringReader) changed() bool { return r.r.ctrl.head.Load() != r.head }
@@ -253,7 +277,7 @@ func (r *ringReader) waitFor(n uint64) (uint64, error) {
 		}
 		// Not enough: give back all room before sleeping, so a producer waiting for it can go on.
 		r.release()
-		ctrl.readerAsleep.Store(1)
+		ctrl.readerAsleep.Store(readerOnSocket)
 		if ctrl.head.Load() != head {
 			continue // the producer will send a byte nobody waits for: a harmless extra wake-up
 		}

@@ -31,7 +31,7 @@ func FuzzRingReader(f *testing.F) {
 	// A chunk whose bytes are lent (lending.go), from this process's memory.
 	words := make([]uint64, regionBytes(MinRingBytes)/8)
 	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
-	w := &ringWriter{r: ringAt(mem, laneBulk, 0, MinRingBytes), wake: func() error { return nil }, broken: func() error { return nil }}
+	w := &ringWriter{r: ringAt(mem, laneBulk, 0, MinRingBytes), wake: func(uint32) error { return nil }, broken: func() error { return nil }}
 	lent, lentTotal, _ := p.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 7, Payload: make([]byte, minLentBytes)})
 	if err := w.writeLending(lent, p.Referenced, lentTotal); err != nil || w.lentTo.Load() == 0 {
 		f.Fatalf("no lending frame to start from: %v", err)

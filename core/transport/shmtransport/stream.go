@@ -1,10 +1,13 @@
 package shmtransport
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/futex"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
@@ -41,6 +44,12 @@ type stream struct {
 
 	sink wire.ChunkSink
 
+	// readMu is held while a lane is read (by Recv, or a thread in RecvWaiting), never while
+	// its reader sleeps. threadWaits, under it, says a thread sleeps at the small lane's
+	// doorbell: a frame there wakes it, not the reader goroutine.
+	readMu      sync.Mutex
+	threadWaits bool
+
 	gone atomic.Pointer[error] // why the stream ended, once it has
 	done chan struct{}         // closed by Close
 
@@ -65,6 +74,7 @@ var (
 	_ transport.IdentifiedStream = (*stream)(nil)
 	_ transport.Laned            = (*stream)(nil)
 	_ transport.Lending          = (*stream)(nil)
+	_ transport.SelfReading      = (*stream)(nil)
 )
 
 // BulkLane implements transport.Laned.
@@ -154,6 +164,8 @@ func (s *stream) Recv() (*wire.Frame, error) {
 		return nil, s.ended()
 	}
 	defer s.leave()
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
 	l, err := s.readyLane()
 	if err != nil {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
@@ -166,7 +178,8 @@ func (s *stream) Recv() (*wire.Frame, error) {
 	return f, nil
 }
 
-// readyLane waits until a lane has a frame to read and returns it.
+// readyLane waits until a lane has a frame to read and returns it. It holds readMu but while
+// it sleeps.
 func (s *stream) readyLane() (*lane, error) {
 	for {
 		if err := s.goneErr(); err != nil {
@@ -184,28 +197,133 @@ func (s *stream) readyLane() (*lane, error) {
 			}
 		}
 		// Nothing whole on either lane: give back all room (a producer may wait for it), ask
-		// for a wake-up byte, and sleep unless a producer wrote meanwhile.
+		// for a wake-up byte (the small lane rings the doorbell instead while a thread waits
+		// there: it reads that lane itself), and sleep unless a producer wrote meanwhile.
 		changed := false
 		for i := range s.lanes {
 			in := &s.lanes[i].in
 			in.release()
-			in.r.ctrl.readerAsleep.Store(1)
+			in.r.ctrl.readerAsleep.Store(s.sleepsAs(i))
 			changed = changed || in.changed()
 		}
 		if !changed {
-			if err := s.sleep(); err != nil {
+			s.readMu.Unlock()
+			err := s.sleep()
+			s.readMu.Lock()
+			if err != nil {
 				return nil, err
 			}
 		}
 		// Awake: a producer that clears a flag still set sends a byte nobody waits for.
 		for i := range s.lanes {
-			s.lanes[i].in.r.ctrl.readerAsleep.Store(0)
+			if s.sleepsAs(i) == readerOnSocket {
+				s.lanes[i].in.r.ctrl.readerAsleep.Store(0)
+			}
 		}
 	}
 }
 
-// wakePeer sends the peer's sleeping reader its wake-up byte.
-func (s *stream) wakePeer() error {
+// sleepsAs is how the reader of lane i sleeps: in the doorbell's futex while a thread waits
+// there for the small lane, else on the socket. Called with readMu held.
+func (s *stream) sleepsAs(i int) uint32 {
+	if i == laneSmall && s.threadWaits {
+		return readerOnDoorbell
+	}
+	return readerOnSocket
+}
+
+// RecvWaiting implements transport.SelfReading.
+func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, error) {
+	if !s.enter() {
+		return nil, s.ended()
+	}
+	defer s.leave()
+	if !s.readMu.TryLock() {
+		return nil, transport.ErrBusy
+	}
+	defer s.readMu.Unlock()
+	l := &s.lanes[laneSmall]
+	in := &l.in
+	bell := &in.r.ctrl.doorbell
+	deadline := time.Now().Add(d)
+	// Once this thread has asked for the small lane's wake-ups, frames may come that woke
+	// only it.
+	askedForWakeUps := false
+	for {
+		if err := s.goneErr(); err != nil {
+			return nil, err
+		}
+		n, known, err := in.peek()
+		if err != nil {
+			return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
+		}
+		if known && n > in.r.size-lengthBytes {
+			// A frame too big for the ring streams through as it is read, with waits on the
+			// socket between parts: the reader goroutine's to read, which may not know it came.
+			s.kickReader()
+			return nil, transport.ErrBusy
+		}
+		if known && in.head-in.tail >= lengthBytes+n {
+			// No chunk sink: big messages' chunks never travel in the small lane.
+			f, err := in.readFrame(l.dec, nil)
+			if err == nil && transport.Bulk(f) {
+				// A big message's frames take the other lane: the reassembly they need may
+				// wait for memory, which a thread waiting for its reply must not.
+				err = fmt.Errorf("%w: a big message's frame came in the small lane", transport.ErrMalformed)
+			}
+			if err != nil {
+				return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
+			}
+			// The room goes back now: the reader goroutine, which gives it back before it
+			// sleeps, may not wake for a long time.
+			in.release()
+			s.helloFirst = false
+			if askedForWakeUps && in.r.ctrl.head.Load() != in.tail {
+				// Frames written after the wake-up for this one, before this thread asked
+				// for wake-ups to go to the reader goroutine again, woke nobody.
+				s.kickReader()
+			}
+			return f, nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 || stop() {
+			return nil, nil
+		}
+		seen := bell.Load()
+		in.release()
+		s.threadWaits = true
+		askedForWakeUps = true
+		in.r.ctrl.readerAsleep.Store(readerOnDoorbell)
+		if !in.changed() && !stop() {
+			s.readMu.Unlock()
+			futex.Sleep(bell, seen, left)
+			s.readMu.Lock()
+		}
+		s.threadWaits = false
+		// The reader goroutine may sleep on the socket: the next frame is its to hear of.
+		in.r.ctrl.readerAsleep.Store(readerOnSocket)
+	}
+}
+
+// Interrupt implements transport.SelfReading.
+func (s *stream) Interrupt() {
+	if s.enter() {
+		bell := &s.lanes[laneSmall].in.r.ctrl.doorbell
+		bell.Add(1)
+		futex.WakeAll(bell)
+		s.leave()
+	}
+}
+
+// wakePeer wakes the peer's sleeping reader as it asked: a thread at its doorbell, or the
+// reader goroutine with a byte on the socket.
+func (s *stream) wakePeer(how uint32) error {
+	if how == readerOnDoorbell {
+		bell := &s.lanes[laneSmall].out.r.ctrl.doorbell
+		bell.Add(1)
+		futex.Wake(bell, 1)
+		return nil
+	}
 	_, err := s.conn.Write([]byte{1})
 	if err != nil {
 		return fmt.Errorf("wake %s: %w", s.peer, err)
@@ -213,14 +331,20 @@ func (s *stream) wakePeer() error {
 	return nil
 }
 
-// sleep waits for wake-up bytes; the socket's end means the peer is gone.
+// sleep waits for wake-up bytes, or a kick; the socket's end means the peer is gone.
 func (s *stream) sleep() error {
 	var buf [64]byte
 	if _, err := s.conn.Read(buf[:]); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return s.conn.SetReadDeadline(time.Time{})
+		}
 		return s.fail(fmt.Errorf("%s is gone: %w", s.peer, err))
 	}
 	return nil
 }
+
+// kickReader wakes the reader goroutine asleep on the socket.
+func (s *stream) kickReader() { s.conn.SetReadDeadline(time.Unix(1, 0)) }
 
 // ended is why the stream ended, once it has.
 func (s *stream) ended() error {
@@ -322,6 +446,9 @@ func (s *stream) Close() error {
 		ctrl.spaceSeq.Add(1)
 		futex.WakeAll(&ctrl.spaceSeq)
 	}
+	bell := &s.lanes[laneSmall].in.r.ctrl.doorbell
+	bell.Add(1)
+	futex.WakeAll(bell)
 	s.leave()
 	if onClose != nil {
 		onClose()

@@ -225,7 +225,7 @@ func TestHostileIndicesAreRefused(t *testing.T) {
 				}
 				// The client's outgoing ring is the server's incoming one, in the same memory.
 				c.corrupt(client.(*stream).lanes[ln].out.r.ctrl)
-				client.(*stream).wakePeer()
+				client.(*stream).wakePeer(readerOnSocket)
 				if _, err := server.Recv(); !errors.Is(err, errCorrupt) || !errors.Is(err, transport.ErrMalformed) {
 					t.Fatalf("Recv: %v, want %v, reported as the peer's fault (transport.ErrMalformed)", err, errCorrupt)
 				}

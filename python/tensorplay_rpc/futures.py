@@ -100,7 +100,10 @@ class Future(Generic[T]):
     def __init__(self, *, devices: Optional[List[Any]] = None) -> None:
         if devices:
             raise ValueError("tensorplay_rpc futures hold no device state: devices must be empty")
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # Made by the first thread that must wait (most futures are done before anyone waits
+        # on them): a Condition costs more to build than the rest of a small call's future.
+        self._cond: Optional[threading.Condition] = None
         self._done = False
         self._result: Any = None
         self._exception: Optional[BaseException] = None
@@ -131,9 +134,12 @@ class Future(Generic[T]):
                     source.wait()
                 except Exception:  # its callbacks have run: this future carries the outcome
                     pass
-        with self._cond:
-            while not self._done:
-                self._cond.wait(WAIT_SLICE_S)
+        if not self._done:
+            with self._lock:
+                if self._cond is None:
+                    self._cond = threading.Condition(self._lock)
+                while not self._done:
+                    self._cond.wait(WAIT_SLICE_S)
         return self.value()
 
     def value(self) -> T:
@@ -178,7 +184,7 @@ class Future(Generic[T]):
 
     def _discard_callback(self, callback: Callable[["Future[T]"], None]) -> None:
         """Forget ``callback`` if it has not run yet."""
-        with self._cond:
+        with self._lock:
             if callback in self._callbacks:
                 self._callbacks.remove(callback)
 
@@ -218,7 +224,7 @@ class Future(Generic[T]):
     def add_done_callback(self, callback: Callable[["Future[T]"], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
         _check_callable("add_done_callback", callback)
-        with self._cond:
+        with self._lock:
             if not self._done:
                 self._callbacks.append(callback)
                 return
@@ -244,13 +250,14 @@ class Future(Generic[T]):
 
     def _complete(self, result: Any, exception: Optional[BaseException]) -> bool:
         """Complete the future unless it already is; report whether this call did it."""
-        with self._cond:
+        with self._lock:
             if self._done:
                 return False
             self._result, self._exception = result, exception
             self._done = True
             callbacks, self._callbacks = self._callbacks, []
-            self._cond.notify_all()
+            if self._cond is not None:
+                self._cond.notify_all()
         self._mirror(result, exception)
         for callback in callbacks:
             self._run_callback(callback)

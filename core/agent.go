@@ -111,10 +111,13 @@ type Agent struct {
 	leftMu  sync.Mutex
 	left    map[int]WorkerInfo // workers that left, by id, to name them in errors
 
-	transport   transport.Transport
-	store       rendezvous.Store
-	storeServer *rendezvous.StoreServer
-	log         *slog.Logger
+	transport transport.Transport
+	// selfReadFrames counts the frames threads waiting for replies read themselves
+	// (CallFuture.AwaitReading), for tests.
+	selfReadFrames atomic.Int64
+	store          rendezvous.Store
+	storeServer    *rendezvous.StoreServer
+	log            *slog.Logger
 
 	maxMessageSize     int64
 	chunkSize          int

@@ -15,3 +15,6 @@ func (a *Agent) SetReceiveIdleLimit(d time.Duration) {
 // ShuttingDown reports whether Shutdown of a has begun: a graceful one is in its barrier (or
 // waiting for a's own calls before it), or a is closed.
 func (a *Agent) ShuttingDown() bool { return a.state.Load() != stateRunning }
+
+// SelfReadFrames is how many frames threads waiting for their replies read themselves.
+func (a *Agent) SelfReadFrames() int64 { return a.selfReadFrames.Load() }

@@ -142,8 +142,11 @@ func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
 		case err != nil:
 			c.fail(err)
 			return time.Until(deadline)
-		case fr != nil && !c.handle(fr):
-			return time.Until(deadline)
+		case fr != nil:
+			c.peer.agent.selfReadFrames.Add(1)
+			if !c.handle(fr) {
+				return time.Until(deadline)
+			}
 		}
 	}
 	return time.Until(deadline)

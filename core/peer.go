@@ -111,8 +111,8 @@ type peerConn struct {
 	pending map[uint64]*CallFuture
 	broken  error
 
-	// handleMu is held while a received frame is taken in: by the reader goroutine, or by a
-	// thread that reads for itself (at most one at a time: selfReader).
+	// handleMu guards the reassembler of big replies, read by the reader goroutine; a thread
+	// reading for itself (at most one at a time: selfReader) reads small frames only.
 	handleMu   sync.Mutex
 	incoming   *reassembler // nil once the reader goroutine ended
 	selfReader atomic.Bool
@@ -245,18 +245,15 @@ func (c *peerConn) readLoop() {
 // for its reply, see CallFuture.AwaitReading); it reports false once the stream is over.
 func (c *peerConn) handle(fr *wire.Frame) bool {
 	a, name := c.peer.agent, c.peer.info.Name
-	c.handleMu.Lock()
-	defer c.handleMu.Unlock()
-	if c.incoming == nil {
-		return false // the reader goroutine ended: the stream failed
-	}
-	fr, msg, refused, err := c.incoming.add(fr)
-	if err != nil {
-		c.fail(fmt.Errorf("bad frame: %w", err))
-		return false
-	}
-	if fr == nil {
-		return true
+	msg := Message{Payload: fr.Payload, Buffers: fr.Buffers}
+	var refused error
+	if transport.Bulk(fr) {
+		// Only a big message's frames need the reassembler, which may wait for memory: a
+		// thread reading for itself reads no such frame, and never waits here.
+		var ok bool
+		if fr, msg, refused, ok = c.reassemble(fr); !ok || fr == nil {
+			return ok
+		}
 	}
 	if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
 		c.peer.ackRefOps(fr.RefSeq)
@@ -282,6 +279,22 @@ func (c *peerConn) handle(fr *wire.Frame) bool {
 		msg.Release() // the caller gave up on it
 	}
 	return true
+}
+
+// reassemble takes a frame of a big message: the whole message once it is complete, nothing
+// before; ok is false once the stream is over.
+func (c *peerConn) reassemble(f *wire.Frame) (fr *wire.Frame, msg Message, refused error, ok bool) {
+	c.handleMu.Lock()
+	defer c.handleMu.Unlock()
+	if c.incoming == nil {
+		return nil, Message{}, nil, false // the reader goroutine ended: the stream failed
+	}
+	fr, msg, refused, err := c.incoming.add(f)
+	if err != nil {
+		c.fail(fmt.Errorf("bad frame: %w", err))
+		return nil, Message{}, nil, false
+	}
+	return fr, msg, refused, true
 }
 
 // closeIncoming drops the messages under way once the reader goroutine ends.

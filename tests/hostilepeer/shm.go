@@ -72,7 +72,7 @@ func (p *peer) rawShm(ctx context.Context, seals int, ringBytes int) (*net.UnixC
 	conn := c.(*net.UnixConn)
 	conn.SetDeadline(time.Now().Add(p.window))
 	fail := func(err error) (*net.UnixConn, []byte, error) { conn.Close(); return nil, nil, err }
-	hello := append([]byte("tprpcshm1"), binary.LittleEndian.AppendUint32(nil, uint32(len(p.token)))...)
+	hello := append([]byte("tprpcshm2"), binary.LittleEndian.AppendUint32(nil, uint32(len(p.token)))...)
 	if _, err := conn.Write(append(hello, p.token...)); err != nil {
 		return fail(err)
 	}

@@ -23,7 +23,7 @@ import (
 // checks the region's seals and size before it maps it. Each side offers to lend the other big
 // byte strings, and checks whether it can read what the other lends (lending.go), before its
 // last step: the dialer before it sends the region, the listener before its last OK.
-var handshakeMagic = []byte("tprpcshm1")
+var handshakeMagic = []byte("tprpcshm2")
 
 const (
 	handshakeOK      = 'K'

@@ -210,6 +210,9 @@ type ringReader struct {
 	replay bool
 	// waitErr is why waiting for more of the current frame failed, if it did.
 	waitErr error
+	// whole says the current frame was found whole in the ring (a thread reading for itself,
+	// which must not wait): needing more of it, or lent memory, is the peer's fault.
+	whole bool
 	// lender is the producer's process if this reader reads what it lends (nil: it does not,
 	// and a frame that lends memory is malformed); spans is what the current frame lends and
 	// frameLen its length.
@@ -262,6 +265,9 @@ func (r *ringReader) available() (uint64, error) {
 func (r *ringReader) waitFor(n uint64) (uint64, error) {
 	ctrl := r.r.ctrl
 	for r.head-r.tail < n {
+		if r.whole {
+			return 0, fmt.Errorf("%w: a frame outgrew what was written of it", transport.ErrMalformed)
+		}
 		if r.broken != nil {
 			if err := r.broken(); err != nil {
 				return 0, err
@@ -341,6 +347,9 @@ func (r *ringReader) begin(maxLen int) (int, error) {
 		return 0, err
 	}
 	word := getUint32(prefix[:])
+	if word&lendsFlag != 0 && r.whole {
+		return 0, fmt.Errorf("%w: a frame lends memory in the small lane", transport.ErrMalformed)
+	}
 	if word&lendsFlag != 0 {
 		return r.beginLending(int(word&^lendsFlag), maxLen)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,8 +98,10 @@ func TestEveryFrameGoesToOneReader(t *testing.T) {
 	t.Logf("the waiting thread read %d of %d small frames", selfRead, small)
 }
 
-// TestRecvWaitingWakes covers what ends a self-reading thread's wait.
+// TestRecvWaitingWakes covers what ends a self-reading thread's wait, and that the reader
+// goroutine hears of the frames the thread leaves.
 func TestRecvWaitingWakes(t *testing.T) {
+	small := func(id uint64) *wire.Frame { return &wire.Frame{Kind: wire.FrameResponse, ID: id} }
 	for _, c := range []struct {
 		name string
 		// act runs while the thread waits; it may set stop.
@@ -108,29 +109,42 @@ func TestRecvWaitingWakes(t *testing.T) {
 		wantFrame bool
 		wantErr   error // nil: no error
 		atLeast   time.Duration
+		// after, if set, sends frames once RecvWaiting returned; recvID is the frame the reader
+		// goroutine must then get (0: none is checked).
+		after  func(client transport.Stream)
+		recvID uint64
 	}{
-		{"a small frame comes", func(client, _ transport.Stream, _ func()) {
-			client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 1})
-		}, true, nil, 0},
-		{"two frames at once: the one left goes to Recv", func(client, _ transport.Stream, _ func()) {
-			client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 1})
-			client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 2})
-		}, true, nil, 0},
-		{"a big message's frame in the small lane", func(client, _ transport.Stream, _ func()) {
+		{name: "a small frame comes", act: func(client, _ transport.Stream, _ func()) {
+			client.Send(small(1))
+		}, wantFrame: true},
+		{name: "two frames at once: the one left goes to Recv", act: func(client, _ transport.Stream, _ func()) {
+			client.Send(small(1))
+			client.Send(small(2))
+		}, wantFrame: true, recvID: 2},
+		{name: "Interrupt, with stop set; the next frame goes to Recv", act: func(_, server transport.Stream, stop func()) {
+			stop()
+			server.(transport.SelfReading).Interrupt()
+		}, after: func(client transport.Stream) { client.Send(small(5)) }, recvID: 5},
+		{name: "the wait runs out; the next frame goes to Recv", act: func(_, _ transport.Stream, _ func()) {},
+			atLeast: 300 * time.Millisecond, after: func(client transport.Stream) { client.Send(small(5)) }, recvID: 5},
+		{name: "the peer closes", act: func(client, _ transport.Stream, _ func()) { client.Close() }, wantErr: errAny},
+		{name: "the stream is closed here", act: func(_, server transport.Stream, _ func()) { server.Close() }, wantErr: errAny},
+		{name: "a small frame too big for the ring is left to Recv", act: func(client, _ transport.Stream, _ func()) {
+			go client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 2, Payload: make([]byte, 2*MinRingBytes)})
+		}, wantErr: transport.ErrBusy, recvID: 2},
+		{name: "a big message's frame in the small lane", act: func(client, _ transport.Stream, _ func()) {
 			l := &client.(*stream).lanes[laneSmall]
 			pieces, total, _ := l.parts.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 3, Payload: []byte("x")})
 			l.out.write(pieces, total)
-		}, false, transport.ErrMalformed, 0},
-		{"Interrupt, with stop set", func(_, server transport.Stream, stop func()) {
-			stop()
-			server.(transport.SelfReading).Interrupt()
-		}, false, nil, 0},
-		{"the wait runs out", func(_, _ transport.Stream, _ func()) {}, false, nil, 300 * time.Millisecond},
-		{"the peer closes", func(client, _ transport.Stream, _ func()) { client.Close() }, false, errAny, 0},
-		{"the stream is closed here", func(_, server transport.Stream, _ func()) { server.Close() }, false, errAny, 0},
-		{"a small frame too big for the ring is left to Recv", func(client, _ transport.Stream, _ func()) {
-			go client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 2, Payload: make([]byte, 2*MinRingBytes)})
-		}, false, transport.ErrBusy, 0},
+		}, wantErr: transport.ErrMalformed},
+		{name: "a frame that lends memory in the small lane", act: func(client, _ transport.Stream, _ func()) {
+			out := &client.(*stream).lanes[laneSmall].out
+			var prefix [lengthBytes]byte
+			putUint32(prefix[:], 8|lendsFlag)
+			out.put(prefix[:])
+			out.put(make([]byte, 8))
+			out.publish()
+		}, wantErr: transport.ErrMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			client, server, err := pair(t, "tok", "tok", MinRingBytes)
@@ -144,11 +158,20 @@ func TestRecvWaitingWakes(t *testing.T) {
 					received <- f
 				}
 			}()
+			srv := server.(*stream)
+			for deadline := time.Now().Add(5 * time.Second); srv.lanes[laneSmall].in.r.ctrl.readerAsleep.Load() != readerOnSocket; {
+				if time.Now().After(deadline) {
+					t.Fatal("the reader goroutine never went to sleep")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			srv.readMu.Lock() // it lets go of the rings before it sleeps
+			srv.readMu.Unlock()
 			var mu sync.Mutex
 			stopped := false
 			stop := func() { mu.Lock(); stopped = true; mu.Unlock() }
 			go func() {
-				time.Sleep(50 * time.Millisecond) // the thread is asleep by now
+				time.Sleep(50 * time.Millisecond) // the thread is most likely asleep by now
 				c.act(client, server, stop)
 			}()
 			wait := 300 * time.Millisecond
@@ -168,13 +191,16 @@ func TestRecvWaitingWakes(t *testing.T) {
 			case c.atLeast == 0 && took > 5*time.Second:
 				t.Fatalf("returned only after %v", took)
 			}
-			if errors.Is(c.wantErr, transport.ErrBusy) || strings.HasPrefix(c.name, "two frames") {
-				// The frame the thread did not read was written after the thread was woken
-				// for the other, or was too big for it: the reader goroutine must hear of it.
+			if c.after != nil {
+				c.after(client)
+			}
+			if c.recvID != 0 {
+				// The frame the thread did not read came after it stopped asking for wake-ups,
+				// or woke only it, or was too big for it: the reader goroutine must hear of it.
 				select {
 				case f := <-received:
-					if f.ID != 2 {
-						t.Fatalf("Recv got frame %d, want 2", f.ID)
+					if f.ID != c.recvID {
+						t.Fatalf("Recv got frame %d, want %d", f.ID, c.recvID)
 					}
 				case <-time.After(5 * time.Second):
 					t.Fatal("the reader goroutine was not woken for the frame left to it")
@@ -184,5 +210,101 @@ func TestRecvWaitingWakes(t *testing.T) {
 	}
 }
 
+// TestAThreadReadsOnlyWhatItFoundWhole: a peer that rewrites a frame's length after the
+// waiting thread found the frame whole (to make it wait for more, or read lent memory) has
+// broken the protocol; the thread does not wait.
+func TestAThreadReadsOnlyWhatItFoundWhole(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		prefix func(n uint32) uint32
+	}{
+		{"the length grows", func(n uint32) uint32 { return n + 1000 }},
+		{"the frame now lends memory", func(n uint32) uint32 { return n | lendsFlag }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client, server, err := pair(t, "tok", "tok", MinRingBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 1, Payload: []byte("reply")}); err != nil {
+				t.Fatal(err)
+			}
+			srv := server.(*stream)
+			l := &srv.lanes[laneSmall]
+			srv.readMu.Lock()
+			defer srv.readMu.Unlock()
+			n, known, err := l.in.peek()
+			if err != nil || !known || l.in.head-l.in.tail < lengthBytes+n {
+				t.Fatalf("peek: %d bytes, known %v, %v; want the frame whole", n, known, err)
+			}
+			at := l.in.tail & (l.in.r.size - 1)
+			putUint32(l.in.r.data[at:], c.prefix(uint32(n))) // the peer rewrites it now
+			done := make(chan error, 1)
+			go func() {
+				_, err := srv.readWhole(l)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, transport.ErrMalformed) {
+					t.Fatalf("err = %v, want transport.ErrMalformed", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the thread waited for the rest of a frame it had found whole")
+			}
+		})
+	}
+}
+
 // errAny stands for any error in a table.
 var errAny = errors.New("any error")
+
+// TestAThreadDoesNotWaitForTheReaderGoroutine: woken while the reader goroutine holds the
+// rings through a frame that streams through (and whose writer stalled), a waiting thread
+// leaves the lane to it at once.
+func TestAThreadDoesNotWaitForTheReaderGoroutine(t *testing.T) {
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := make(chan *wire.Frame, 8)
+	go func() {
+		for {
+			f, err := server.Recv()
+			if err != nil {
+				return
+			}
+			received <- f
+		}
+	}()
+	client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 1}) // the bulk lane opens after it
+	<-received
+	result := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false })
+		result <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the thread is most likely asleep by now
+	// Part of a frame bigger than the bulk ring, then nothing: the goroutine waits for the rest.
+	lane := &client.(*stream).lanes[laneBulk]
+	pieces, total, err := lane.parts.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 7, Payload: make([]byte, 3*MinRingBytes)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prefix [lengthBytes]byte
+	putUint32(prefix[:], uint32(total))
+	lane.out.put(prefix[:])
+	lane.out.put(bytes.Join(pieces, nil)[:1000])
+	lane.out.publish()
+	time.Sleep(50 * time.Millisecond)
+	client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 2}) // rings the thread's doorbell
+	select {
+	case err := <-result:
+		if !errors.Is(err, transport.ErrBusy) {
+			t.Fatalf("err = %v, want transport.ErrBusy", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the thread waited for the reader goroutine's frame")
+	}
+}

@@ -45,10 +45,10 @@ type stream struct {
 	sink wire.ChunkSink
 
 	// readMu is held while a lane is read (by Recv, or a thread in RecvWaiting), never while
-	// its reader sleeps. threadWaits, under it, says a thread sleeps at the small lane's
-	// doorbell: a frame there wakes it, not the reader goroutine.
+	// its reader sleeps. threadWaits says a thread sleeps at the small lane's doorbell: a
+	// frame there wakes it, not the reader goroutine.
 	readMu      sync.Mutex
-	threadWaits bool
+	threadWaits atomic.Bool
 
 	gone atomic.Pointer[error] // why the stream ended, once it has
 	done chan struct{}         // closed by Close
@@ -203,7 +203,11 @@ func (s *stream) readyLane() (*lane, error) {
 		for i := range s.lanes {
 			in := &s.lanes[i].in
 			in.release()
-			in.r.ctrl.readerAsleep.Store(s.sleepsAs(i))
+			how := s.sleepsAs(i)
+			in.r.ctrl.readerAsleep.Store(how)
+			if how == readerOnDoorbell && !s.threadWaits.Load() {
+				in.r.ctrl.readerAsleep.Store(readerOnSocket) // the thread handed back meanwhile
+			}
 			changed = changed || in.changed()
 		}
 		if !changed {
@@ -226,13 +230,15 @@ func (s *stream) readyLane() (*lane, error) {
 // sleepsAs is how the reader of lane i sleeps: in the doorbell's futex while a thread waits
 // there for the small lane, else on the socket. Called with readMu held.
 func (s *stream) sleepsAs(i int) uint32 {
-	if i == laneSmall && s.threadWaits {
+	if i == laneSmall && s.threadWaits.Load() {
 		return readerOnDoorbell
 	}
 	return readerOnSocket
 }
 
-// RecvWaiting implements transport.SelfReading.
+// RecvWaiting implements transport.SelfReading. Nothing in it waits for the peer but the
+// doorbell, which is bounded by d: not the socket, not a frame the peer has yet to finish, not
+// the peer's memory, not the reader goroutine.
 func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, error) {
 	if !s.enter() {
 		return nil, s.ended()
@@ -241,7 +247,12 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 	if !s.readMu.TryLock() {
 		return nil, transport.ErrBusy
 	}
-	defer s.readMu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.readMu.Unlock()
+		}
+	}()
 	l := &s.lanes[laneSmall]
 	in := &l.in
 	bell := &in.r.ctrl.doorbell
@@ -264,13 +275,7 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 			return nil, transport.ErrBusy
 		}
 		if known && in.head-in.tail >= lengthBytes+n {
-			// No chunk sink: big messages' chunks never travel in the small lane.
-			f, err := in.readFrame(l.dec, nil)
-			if err == nil && transport.Bulk(f) {
-				// A big message's frames take the other lane: the reassembly they need may
-				// wait for memory, which a thread waiting for its reply must not.
-				err = fmt.Errorf("%w: a big message's frame came in the small lane", transport.ErrMalformed)
-			}
+			f, err := s.readWhole(l)
 			if err != nil {
 				return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 			}
@@ -291,18 +296,47 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 		}
 		seen := bell.Load()
 		in.release()
-		s.threadWaits = true
+		s.threadWaits.Store(true)
 		askedForWakeUps = true
 		in.r.ctrl.readerAsleep.Store(readerOnDoorbell)
-		if !in.changed() && !stop() {
-			s.readMu.Unlock()
-			futex.Sleep(bell, seen, left)
-			s.readMu.Lock()
+		if in.changed() || stop() {
+			s.handBack()
+			continue
 		}
-		s.threadWaits = false
-		// The reader goroutine may sleep on the socket: the next frame is its to hear of.
-		in.r.ctrl.readerAsleep.Store(readerOnSocket)
+		s.readMu.Unlock()
+		futex.Sleep(bell, seen, left)
+		if !s.readMu.TryLock() {
+			// The reader goroutine reads, perhaps a frame that streams through with waits on
+			// the socket: the lane is its now, with the frames that rang for this thread.
+			locked = false
+			s.handBack()
+			s.kickReader()
+			return nil, transport.ErrBusy
+		}
+		s.handBack()
 	}
+}
+
+// readWhole reads the small lane's next frame, which peek found whole in the ring, as a
+// thread reading for itself: a frame that is not what peek saw (its length changed meanwhile,
+// it lends memory) or that belongs in the bulk lane is malformed. Called with readMu held.
+func (s *stream) readWhole(l *lane) (*wire.Frame, error) {
+	l.in.whole = true
+	defer func() { l.in.whole = false }()
+	// No chunk sink: big messages' chunks never travel in the small lane.
+	f, err := l.in.readFrame(l.dec, nil)
+	if err == nil && transport.Bulk(f) {
+		// A big message's reassembly may wait for memory, which a waiting thread must not.
+		err = fmt.Errorf("%w: a big message's frame came in the small lane", transport.ErrMalformed)
+	}
+	return f, err
+}
+
+// handBack gives the small lane's wake-ups back to the reader goroutine. It may run without
+// readMu: readyLane looks at threadWaits again after it stores the flag.
+func (s *stream) handBack() {
+	s.threadWaits.Store(false)
+	s.lanes[laneSmall].in.r.ctrl.readerAsleep.Store(readerOnSocket)
 }
 
 // Interrupt implements transport.SelfReading.

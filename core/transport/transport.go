@@ -60,7 +60,8 @@ type Lending interface {
 // SelfReading is implemented by streams that a thread waiting for a reply may read for itself:
 // the peer then wakes that thread directly, instead of a reader goroutine that wakes it in turn
 // (a thread hand-off saved per reply). Frames of the small lane only (not Bulk): a big
-// message's stay with Recv. Recv and RecvWaiting may run at once; each frame goes to one.
+// message's stay with Recv. Recv and RecvWaiting may run at once (each frame goes to one), but
+// RecvWaiting must not run concurrently with itself.
 type SelfReading interface {
 	Stream
 	// RecvWaiting returns the next small frame, waiting up to d for one unless stop reports

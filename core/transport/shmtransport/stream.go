@@ -247,8 +247,11 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 	if !s.readMu.TryLock() {
 		return nil, transport.ErrBusy
 	}
-	locked := true
+	locked, registered := true, false
 	defer func() {
+		if registered { // stop panicked: the wake-ups must not stay with a thread that left
+			s.handBack()
+		}
 		if locked {
 			s.readMu.Unlock()
 		}
@@ -297,23 +300,24 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 		seen := bell.Load()
 		in.release()
 		s.threadWaits.Store(true)
-		askedForWakeUps = true
+		askedForWakeUps, registered = true, true
 		in.r.ctrl.readerAsleep.Store(readerOnDoorbell)
 		if in.changed() || stop() {
 			s.handBack()
+			registered = false
 			continue
 		}
 		s.readMu.Unlock()
 		futex.Sleep(bell, seen, left)
-		if !s.readMu.TryLock() {
+		locked = s.readMu.TryLock()
+		s.handBack()
+		registered = false
+		if !locked {
 			// The reader goroutine reads, perhaps a frame that streams through with waits on
 			// the socket: the lane is its now, with the frames that rang for this thread.
-			locked = false
-			s.handBack()
 			s.kickReader()
 			return nil, transport.ErrBusy
 		}
-		s.handBack()
 	}
 }
 

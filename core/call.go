@@ -70,7 +70,6 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 
 	// The deadline watcher may fire before the call is sent or while it is pending: it takes
 	// the call out of whichever stream table holds it and fails it.
-	var conn atomic.Pointer[peerConn]
 	var stopWatch atomic.Pointer[func() bool]
 	to.stats.callStarted(req)
 	started := time.Now()
@@ -82,7 +81,7 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 		}
 	}
 	stop := context.AfterFunc(ctx, func() {
-		if c := conn.Load(); c != nil {
+		if c := f.conn.Load(); c != nil {
 			c.take(id)
 		}
 		f.complete(Message{}, a.contextError(ctx, name))
@@ -113,7 +112,6 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 		f.complete(Message{}, err)
 		return f
 	}
-	conn.Store(c)
 	f.conn.Store(c)
 	if err := c.send(id, f, frame, req); err != nil {
 		f.complete(Message{}, err)

@@ -24,8 +24,10 @@ type CallFuture struct {
 	out       *outMessage // the request, while it is sent in chunks
 	afterDone []func()
 
-	// conn is the stream the request went on, once it did; completed is set as the outcome
-	// is, and then interrupt, if set, wakes the thread reading for itself (AwaitReading).
+	// conn is the stream the request went on, once it did. completed is set once Done is
+	// closed, and then interrupt, if set, wakes the thread reading for itself (AwaitReading):
+	// both atomics, so that thread, which sets interrupt and then looks at completed, and the
+	// completer, which does the opposite, cannot both miss the other.
 	conn      atomic.Pointer[peerConn]
 	completed atomic.Bool
 	interrupt atomic.Pointer[func()]
@@ -143,10 +145,9 @@ func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
 			c.fail(err)
 			return time.Until(deadline)
 		case fr != nil:
+			// A small frame (transport.SelfReading): the whole message, no reassembly.
 			c.peer.agent.selfReadFrames.Add(1)
-			if !c.handle(fr) {
-				return time.Until(deadline)
-			}
+			c.deliver(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil)
 		}
 	}
 	return time.Until(deadline)

@@ -111,10 +111,8 @@ type peerConn struct {
 	pending map[uint64]*CallFuture
 	broken  error
 
-	// handleMu guards the reassembler of big replies, read by the reader goroutine; a thread
-	// reading for itself (at most one at a time: selfReader) reads small frames only.
-	handleMu   sync.Mutex
-	incoming   *reassembler // nil once the reader goroutine ended
+	// selfReader is set while a thread waiting for its reply reads the stream itself: one at
+	// a time (CallFuture.AwaitReading).
 	selfReader atomic.Bool
 }
 
@@ -177,8 +175,6 @@ func (p *peer) dial(ctx context.Context) (*peerConn, error) {
 	}
 	c := &peerConn{peer: p, stream: s, pending: map[uint64]*CallFuture{}}
 	c.ctx, c.cancel = context.WithCancel(p.agent.serveCtx)
-	c.incoming = newReassembler(c.ctx, p.agent.maxMessageSize, p.agent.receiveBudget, p.info.Name)
-	c.incoming.attach(s)
 	c.writer = newFrameWriter(s, p.agent.chunkSize, c.fail)
 	gen := p.newRefStream()
 	c.writer.takeRefOps = func(limit int) ([]wire.RefOp, uint64) { return p.takeRefOps(gen, limit) }
@@ -223,38 +219,36 @@ func (c *peerConn) take(id uint64) *CallFuture {
 }
 
 func (c *peerConn) readLoop() {
+	a, name := c.peer.agent, c.peer.info.Name
 	defer func() {
 		if r := recover(); r != nil {
-			reportPanic(c.peer.agent.log, c.peer.info.Name, "reading replies", r, c.fail)
+			reportPanic(a.log, name, "reading replies", r, c.fail)
 		}
 	}()
-	defer c.closeIncoming()
+	incoming := newReassembler(c.ctx, a.maxMessageSize, a.receiveBudget, name)
+	incoming.attach(c.stream)
+	defer incoming.close()
 	for {
 		fr, err := c.stream.Recv()
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		if !c.handle(fr) {
+		fr, msg, refused, err := incoming.add(fr)
+		if err != nil {
+			c.fail(fmt.Errorf("bad frame: %w", err))
 			return
+		}
+		if fr != nil {
+			c.deliver(fr, msg, refused)
 		}
 	}
 }
 
-// handle takes one frame read from the stream (by the reader goroutine, or by a thread waiting
-// for its reply, see CallFuture.AwaitReading); it reports false once the stream is over.
-func (c *peerConn) handle(fr *wire.Frame) bool {
+// deliver takes one whole message from the stream: from the reader goroutine, or a small frame
+// read by a thread waiting for its reply (CallFuture.AwaitReading), which needs no reassembly.
+func (c *peerConn) deliver(fr *wire.Frame, msg Message, refused error) {
 	a, name := c.peer.agent, c.peer.info.Name
-	msg := Message{Payload: fr.Payload, Buffers: fr.Buffers}
-	var refused error
-	if transport.Bulk(fr) {
-		// Only a big message's frames need the reassembler, which may wait for memory: a
-		// thread reading for itself reads no such frame, and never waits here.
-		var ok bool
-		if fr, msg, refused, ok = c.reassemble(fr); !ok || fr == nil {
-			return ok
-		}
-	}
 	if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
 		c.peer.ackRefOps(fr.RefSeq)
 	}
@@ -263,14 +257,14 @@ func (c *peerConn) handle(fr *wire.Frame) bool {
 		if fr.Kind != wire.FrameRefs || len(fr.Refs) > 0 {
 			a.log.Warn("tensorplay-rpc: unexpected frame from a callee; ignored", "worker", name, "kind", fr.Kind)
 		}
-		return true
+		return
 	}
 	if refused != nil {
 		// Only this call fails; its chunks are dropped as they come.
 		if f := c.take(fr.ID); f != nil {
 			f.complete(Message{}, fmt.Errorf("the reply of worker %q was refused: %w", name, refused))
 		}
-		return true
+		return
 	}
 	if f := c.take(fr.ID); f != nil {
 		resp, err := responseResult(fr, msg, name)
@@ -278,31 +272,6 @@ func (c *peerConn) handle(fr *wire.Frame) bool {
 	} else {
 		msg.Release() // the caller gave up on it
 	}
-	return true
-}
-
-// reassemble takes a frame of a big message: the whole message once it is complete, nothing
-// before; ok is false once the stream is over.
-func (c *peerConn) reassemble(f *wire.Frame) (fr *wire.Frame, msg Message, refused error, ok bool) {
-	c.handleMu.Lock()
-	defer c.handleMu.Unlock()
-	if c.incoming == nil {
-		return nil, Message{}, nil, false // the reader goroutine ended: the stream failed
-	}
-	fr, msg, refused, err := c.incoming.add(f)
-	if err != nil {
-		c.fail(fmt.Errorf("bad frame: %w", err))
-		return nil, Message{}, nil, false
-	}
-	return fr, msg, refused, true
-}
-
-// closeIncoming drops the messages under way once the reader goroutine ends.
-func (c *peerConn) closeIncoming() {
-	c.handleMu.Lock()
-	defer c.handleMu.Unlock()
-	c.incoming.close()
-	c.incoming = nil
 }
 
 // leave fails the peer for good with why: it left the world. Calls waiting on it fail, and so

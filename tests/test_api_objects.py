@@ -68,6 +68,20 @@ def test_future_wait_across_threads():
     assert fut.wait() == "late"
 
 
+def test_a_waiting_thread_wakes_when_the_future_completes(monkeypatch):
+    # A wait sleeps in slices; with hour-long ones, only completion's notify can end it soon.
+    from tensorplay_rpc import futures
+
+    monkeypatch.setattr(futures, "WAIT_SLICE_S", 3600.0)
+    fut = Future()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(fut.wait()), daemon=True)
+    waiter.start()
+    threading.Timer(0.2, fut.set_result, args=("done",)).start()
+    waiter.join(timeout=10)
+    assert got == ["done"], "the waiting thread was not woken by the completion"
+
+
 def test_collect_all_and_wait_all():
     futs = [Future() for _ in range(3)]
     combined = rpc.collect_all(futs)

@@ -346,20 +346,23 @@ func (s *stream) handBack() {
 // Interrupt implements transport.SelfReading.
 func (s *stream) Interrupt() {
 	if s.enter() {
-		bell := &s.lanes[laneSmall].in.r.ctrl.doorbell
-		bell.Add(1)
-		futex.WakeAll(bell)
+		ringDoorbell(&s.lanes[laneSmall].in.r.ctrl.doorbell)
 		s.leave()
 	}
+}
+
+// ringDoorbell rings a doorbell: a thread asleep at it wakes, and one about to sleep finds the
+// word changed and does not.
+func ringDoorbell(bell *atomic.Uint32) {
+	bell.Add(1)
+	futex.WakeAll(bell)
 }
 
 // wakePeer wakes the peer's sleeping reader as it asked: a thread at its doorbell, or the
 // reader goroutine with a byte on the socket.
 func (s *stream) wakePeer(how uint32) error {
 	if how == readerOnDoorbell {
-		bell := &s.lanes[laneSmall].out.r.ctrl.doorbell
-		bell.Add(1)
-		futex.Wake(bell, 1)
+		ringDoorbell(&s.lanes[laneSmall].out.r.ctrl.doorbell)
 		return nil
 	}
 	_, err := s.conn.Write([]byte{1})
@@ -484,9 +487,7 @@ func (s *stream) Close() error {
 		ctrl.spaceSeq.Add(1)
 		futex.WakeAll(&ctrl.spaceSeq)
 	}
-	bell := &s.lanes[laneSmall].in.r.ctrl.doorbell
-	bell.Add(1)
-	futex.WakeAll(bell)
+	ringDoorbell(&s.lanes[laneSmall].in.r.ctrl.doorbell) // a thread reading for itself
 	s.leave()
 	if onClose != nil {
 		onClose()

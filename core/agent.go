@@ -112,12 +112,15 @@ type Agent struct {
 	left    map[int]WorkerInfo // workers that left, by id, to name them in errors
 
 	transport transport.Transport
-	// selfReadFrames counts the frames threads waiting for replies read themselves
-	// (CallFuture.AwaitReading), for tests.
+	// selfReadFrames counts the frames threads read themselves (CallFuture.AwaitReading,
+	// ServeReading), for tests.
 	selfReadFrames atomic.Int64
-	store          rendezvous.Store
-	storeServer    *rendezvous.StoreServer
-	log            *slog.Logger
+	// lastServed is the stream of the caller served last, if threads may read it
+	// (ServeReading).
+	lastServed  atomic.Pointer[servedStream]
+	store       rendezvous.Store
+	storeServer *rendezvous.StoreServer
+	log         *slog.Logger
 
 	maxMessageSize     int64
 	chunkSize          int

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
@@ -184,6 +186,68 @@ func ExampleCallFuture_AwaitReading() {
 	fmt.Println(string(resp.Payload), err)
 	// Output: read by the thread that waited <nil>
 }
+
+// A pool of threads that run requests (C or Python threads calling into Go, each locked to its
+// goroutine) may wait for work by reading the stream of the caller served last: over shared
+// memory a request then wakes such a thread directly, which serves it as the stream's reader
+// goroutine would, handler included. A handler that queues the request for the pool hands it
+// to the thread that read it. Where it cannot read, ServeReading returns at once with the whole
+// wait left, and the thread waits as usual.
+func ExampleAgent_ServeReading() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	// It replies on the goroutine that reads the request: it does not block.
+	echo := inlineHandler(func(call *core.ServerCall) {
+		call.Reply(core.Message{Payload: bytes.Clone(call.Request.Payload)})
+		call.Request.Release()
+	})
+	agents, err := startAll(2, func(cfg *core.Config) {
+		cfg.InitMethod = "file://" + filepath.Join(dir, "store")
+		cfg.Handlers = map[string]core.Handler{"echo": echo}
+		cfg.Transports = []string{core.TransportSHM}
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer func() {
+		for _, a := range agents {
+			a.Shutdown(context.Background(), false)
+		}
+	}()
+	var stopped atomic.Bool
+	var wake atomic.Pointer[func()] // what wakes the thread while it reads
+	done := make(chan struct{})
+	go func() { // a pool thread of the callee
+		defer close(done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		for !stopped.Load() {
+			if left := agents[1].ServeReading(100*time.Millisecond, stopped.Load, &wake); left > 0 {
+				time.Sleep(time.Millisecond) // it could not read: wait otherwise
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, text := range []string{"first", "second"} {
+		resp, err := agents[0].Call(ctx, "w1", "echo", core.Message{Payload: []byte(text)})
+		fmt.Println(string(resp.Payload), err)
+	}
+	stopped.Store(true)
+	if w := wake.Load(); w != nil {
+		(*w)()
+	}
+	<-done
+	// Output:
+	// first <nil>
+	// second <nil>
+}
+
+// inlineHandler is a Handler that runs on the goroutine (or thread) that read the request, as
+// one a thread reading for itself runs must (ServeReading): it does not block.
+type inlineHandler func(call *core.ServerCall)
+
+func (h inlineHandler) ServeRPC(call *core.ServerCall) { h(call) }
 
 // A dynamic world (WorldSize 0, torch's world_size=None): workers join one at a time and leave
 // with Shutdown, and every agent's Workers follows. Real programs run one agent per process

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
 // CallFuture is the pending result of one call.
@@ -129,6 +130,11 @@ func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
 		}
 	}()
 	wake := sr.Interrupt
+	handle := func(fr *wire.Frame) {
+		// A small frame (transport.SelfReading): the whole message, no reassembly.
+		c.peer.agent.selfReadFrames.Add(1)
+		c.deliver(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil)
+	}
 	for !f.completed.Load() {
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -136,7 +142,7 @@ func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
 		}
 		// Set only while this thread may sleep: one that completes its own call wakes nobody.
 		f.interrupt.Store(&wake)
-		fr, err := sr.RecvWaiting(left, f.completed.Load)
+		_, err := sr.RecvWaiting(left, f.completed.Load, handle)
 		f.interrupt.Store(nil)
 		switch {
 		case errors.Is(err, transport.ErrBusy):
@@ -144,10 +150,6 @@ func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
 		case err != nil:
 			c.fail(err)
 			return time.Until(deadline)
-		case fr != nil:
-			// A small frame (transport.SelfReading): the whole message, no reassembly.
-			c.peer.agent.selfReadFrames.Add(1)
-			c.deliver(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil)
 		}
 	}
 	return time.Until(deadline)

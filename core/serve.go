@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
@@ -61,29 +62,11 @@ func (a *Agent) serveStream(s transport.Stream) {
 	defer func() { go a.forgetIfGone(from) }()
 	ctx, cancel := context.WithCancel(a.serveCtx)
 	defer cancel()
-	writer := newFrameWriter(s, a.chunkSize, func(error) { cancel() })
-	defer writer.close(ErrShutdown)
-	// Each call being served holds one of its caller's slots until its reply is sent; with
-	// none free the stream is not read, so the caller's flow control, not this worker's
-	// memory, takes up the excess.
-	slots := from.served // shared by all of the caller's streams
-	freeSlot := func() { <-slots }
-	reply := func(fr *wire.Frame, msg Message) <-chan struct{} {
-		if a.closing() {
-			freeSlot()
-			return closedChan
-		}
-		// Every response acknowledges the caller's reference operations applied so far.
-		fr.RefSeq = from.refsApplied.Load()
-		from.stats.bytesSent.Add(int64(msg.Size()))
-		out, err := writer.send(fr, msg, freeSlot)
-		if err != nil {
-			freeSlot()
-			a.log.Debug("tensorplay-rpc: reply not sent", "to", caller.Name, "err", err)
-			return closedChan
-		}
-		return out.sent
-	}
+	ss := &servedStream{agent: a, stream: s, from: from, ctx: ctx}
+	_, ss.selfReading = s.(transport.SelfReading)
+	ss.writer = newFrameWriter(s, a.chunkSize, func(error) { cancel() })
+	defer ss.writer.close(ErrShutdown)
+	defer a.lastServed.CompareAndSwap(ss, nil)
 	incoming := newReassembler(ctx, a.maxMessageSize, a.receiveBudget, caller.Name)
 	incoming.attach(s)
 	defer incoming.close()
@@ -103,54 +86,111 @@ func (a *Agent) serveStream(s transport.Stream) {
 			}
 			return
 		}
-		if fr == nil {
-			continue
-		}
-		switch fr.Kind {
-		case wire.FrameRequest:
-			from.stats.callsServed.Add(1)
-			from.stats.bytesReceived.Add(int64(msg.Size()))
-			// Reference operations ride on requests, ahead of them (frameWriter.send): they
-			// apply even to a request refused below.
-			if len(fr.Refs) > 0 {
-				a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs)
-			}
-			// While this worker holds the stream up (no slot free, a handler pushing back), the
-			// silence is not the caller's: the receive budget must not count it against it.
-			unhold := incoming.hold()
-			select {
-			case slots <- struct{}{}:
-			default:
-				from.stats.waiting.Add(1)
-				select {
-				case slots <- struct{}{}:
-					from.stats.waiting.Add(-1)
-				case <-ctx.Done():
-					from.stats.waiting.Add(-1)
-					unhold()
-					msg.Release()
-					return
-				}
-			}
-			if refused != nil {
-				unhold()
-				reply(&wire.Frame{Kind: wire.FrameResponse, ID: fr.ID, Status: wire.ReplyTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
-				continue
-			}
-			a.dispatch(ctx, caller, fr, msg, reply)
-			unhold()
-		case wire.FrameRefs:
-			// They have no reply to ride on: the acknowledgement goes in a frame of its own.
-			if applied := a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs); applied > 0 {
-				if err := writer.sendFrame(&wire.Frame{Kind: wire.FrameRefs, RefSeq: applied}); err != nil {
-					return
-				}
-			}
-		default:
-			msg.Release()
-			a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)
+		if fr != nil && !ss.handle(fr, msg, refused, incoming.hold, false) {
+			return
 		}
 	}
+}
+
+// servedStream is a caller's stream as this worker serves it: read by its reader goroutine
+// (serveStream), and at times by an idle thread (ServeReading).
+type servedStream struct {
+	agent  *Agent
+	stream transport.Stream
+	from   *member
+	ctx    context.Context // ends with the stream
+	writer *frameWriter
+	// selfReading says threads may read the stream (ServeReading); selfReader is set while
+	// one does (one at a time).
+	selfReading bool
+	selfReader  atomic.Bool
+}
+
+// freeSlot gives back the caller's slot a call held (see handle).
+func (ss *servedStream) freeSlot() { <-ss.from.served }
+
+// reply queues a response and returns a channel closed once its memory is no longer read.
+func (ss *servedStream) reply(fr *wire.Frame, msg Message) <-chan struct{} {
+	a, from := ss.agent, ss.from
+	if a.closing() {
+		ss.freeSlot()
+		return closedChan
+	}
+	// Every response acknowledges the caller's reference operations applied so far.
+	fr.RefSeq = from.refsApplied.Load()
+	from.stats.bytesSent.Add(int64(msg.Size()))
+	out, err := ss.writer.send(fr, msg, ss.freeSlot)
+	if err != nil {
+		ss.freeSlot()
+		a.log.Debug("tensorplay-rpc: reply not sent", "to", from.info.Name, "err", err)
+		return closedChan
+	}
+	return out.sent
+}
+
+// handle serves one whole message from the caller; false means the stream must end. hold
+// tells the reassembler the caller's silence meanwhile is this worker's doing (nil: there is
+// none); slotHeld says the caller's slot for a request is taken already (a thread reading for
+// itself takes it first, for it must not wait for one).
+func (ss *servedStream) handle(fr *wire.Frame, msg Message, refused error, hold func() func(), slotHeld bool) bool {
+	a, from, caller := ss.agent, ss.from, ss.from.info
+	switch fr.Kind {
+	case wire.FrameRequest:
+		from.stats.callsServed.Add(1)
+		from.stats.bytesReceived.Add(int64(msg.Size()))
+		a.noteServed(ss)
+		// Reference operations ride on requests, ahead of them (frameWriter.send): they
+		// apply even to a request refused below.
+		if len(fr.Refs) > 0 {
+			a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs)
+		}
+		if !slotHeld {
+			// Each call being served holds one of its caller's slots (shared by all of its
+			// streams) until its reply is sent; with none free the stream is not read, so
+			// the caller's flow control, not this worker's memory, takes up the excess.
+			unhold := func() {}
+			if hold != nil {
+				// While this worker holds the stream up, the silence is not the caller's:
+				// the receive budget must not count it against it.
+				unhold = hold()
+			}
+			defer unhold()
+			select {
+			case from.served <- struct{}{}:
+			default:
+				from.stats.waiting.Add(1)
+				if ss.selfReader.Load() {
+					// A thread that reads the stream holds a slot while it waits for a
+					// request: it gives it back once woken, as it cannot read past this one.
+					ss.stream.(transport.SelfReading).Interrupt()
+				}
+				select {
+				case from.served <- struct{}{}:
+					from.stats.waiting.Add(-1)
+				case <-ss.ctx.Done():
+					from.stats.waiting.Add(-1)
+					msg.Release()
+					return false
+				}
+			}
+		}
+		if refused != nil {
+			ss.reply(&wire.Frame{Kind: wire.FrameResponse, ID: fr.ID, Status: wire.ReplyTooLarge, Error: fmt.Sprintf("the call to %q was refused: %v", a.self.Name, refused)}, Message{})
+			return true
+		}
+		a.dispatch(ss.ctx, caller, fr, msg, ss.reply)
+	case wire.FrameRefs:
+		// They have no reply to ride on: the acknowledgement goes in a frame of its own.
+		if applied := a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs); applied > 0 {
+			if err := ss.writer.sendFrame(&wire.Frame{Kind: wire.FrameRefs, RefSeq: applied}); err != nil {
+				return false
+			}
+		}
+	default:
+		msg.Release()
+		a.log.Warn("tensorplay-rpc: unexpected frame from a caller; ignored", "from", caller.Name, "kind", fr.Kind)
+	}
+	return true
 }
 
 // dispatch hands one request carrying msg to its handler; respond queues the response frame

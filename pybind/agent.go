@@ -153,6 +153,9 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		return nil, err
 	}
 	a.agent = ag
+	// Idle pool threads read the caller's stream for themselves. Set before Python has the
+	// agent, so before any take (which reads it without the lock).
+	a.requests.read = ag.ServeReading
 	logReader.Store(a) // the newest agent's event thread takes Go's log records
 	return a, nil
 }

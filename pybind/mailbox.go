@@ -28,6 +28,12 @@ import (
 // 20,000 after). If no thread takes an item for stallAfter, the busy ones are taken to be
 // blocked (a handler sleeping, or waiting on a call) and one more thread is woken, and so on
 // while items wait.
+//
+// A thread in its futex may instead read a stream for itself while it waits (read: the
+// requests' mailbox reads the stream of the caller served last, core.Agent.ServeReading): the
+// caller's request then wakes this thread, which queues the item and takes it, where the
+// stream's reader goroutine would have woken and queued it for a thread it wakes in turn. An
+// item goes first to a thread so reading, as it is the one that read it.
 type mailbox[T any] struct {
 	mu    sync.Mutex
 	items []*T
@@ -44,6 +50,11 @@ type mailbox[T any] struct {
 	stall      *time.Timer // runs checkStall
 	stallArmed bool
 	stallAfter time.Duration
+	hotWait    time.Duration
+
+	// read, if set, waits as ServeReading does: up to d, until stop, with what wakes the
+	// thread meanwhile in wake; it returns what is left of d. Set before any take.
+	read func(d time.Duration, stop func() bool, wake *atomic.Pointer[func()]) time.Duration
 }
 
 // stallAfter is how long queued items wait for a busy thread before another is woken (Go's
@@ -51,19 +62,29 @@ type mailbox[T any] struct {
 const stallAfter = 200 * time.Microsecond
 
 func newMailbox[T any](closed chan struct{}) *mailbox[T] {
-	m := &mailbox[T]{closed: closed, stallAfter: stallAfter}
+	m := &mailbox[T]{closed: closed, stallAfter: stallAfter, hotWait: hotWait}
 	m.stall = time.AfterFunc(time.Hour, m.checkStall)
 	m.stall.Stop()
 	return m
 }
 
-// hotWaiter is a thread asleep in its futex word until put sets it.
-type hotWaiter struct{ woken atomic.Uint32 }
+// hotWaiter is a thread asleep in its futex word until put sets it, or reading for itself
+// (mailbox.read) until put sets the word and runs interrupt.
+type hotWaiter struct {
+	woken     atomic.Uint32
+	interrupt atomic.Pointer[func()] // set while the thread reads and may sleep
+}
 
 func (w *hotWaiter) wake() {
 	w.woken.Store(1)
+	if interrupt := w.interrupt.Load(); interrupt != nil {
+		(*interrupt)()
+		return
+	}
 	futex.Wake(&w.woken, 1)
 }
+
+func (w *hotWaiter) isWoken() bool { return w.woken.Load() != 0 }
 
 // hotWait is how long a Python thread waits in a futex before it waits without a P.
 const hotWait = 2 * time.Millisecond
@@ -85,8 +106,16 @@ func (m *mailbox[T]) put(v *T) {
 func (m *mailbox[T]) wakeOne() {
 	switch {
 	case len(m.hot) > 0:
-		w := m.hot[len(m.hot)-1]
-		m.hot = m.hot[:len(m.hot)-1]
+		// The newest waiter (its cache is warm), unless one reads: it may have read this item.
+		i := len(m.hot) - 1
+		for j := i; j >= 0; j-- {
+			if m.hot[j].interrupt.Load() != nil {
+				i = j
+				break
+			}
+		}
+		w := m.hot[i]
+		m.hot = slices.Delete(m.hot, i, i+1)
 		m.waking++
 		m.mu.Unlock()
 		w.wake()
@@ -172,7 +201,7 @@ func (m *mailbox[T]) take(timeoutMs int, back bool) *T {
 	start := time.Now()
 	hotUntil := start
 	if back {
-		hotUntil = start.Add(min(d, hotWait))
+		hotUntil = start.Add(min(d, m.hotWait))
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -190,7 +219,12 @@ func (m *mailbox[T]) take(timeoutMs int, back bool) *T {
 		w := &hotWaiter{}
 		m.hot = append(m.hot, w)
 		m.mu.Unlock()
-		futex.Sleep(&w.woken, 0, left)
+		if m.read != nil {
+			left = m.read(left, w.isWoken, &w.interrupt)
+		}
+		if left > 0 {
+			futex.Sleep(&w.woken, 0, left)
+		}
 		m.mu.Lock()
 		if i := slices.Index(m.hot, w); i >= 0 { // timed out: no put chose it
 			m.hot = slices.Delete(m.hot, i, i+1)

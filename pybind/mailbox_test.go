@@ -2,16 +2,17 @@ package pybind
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
 // waiting reports how many threads wait on m in their futex (hot) and on channels (cold), and
-// whether none is busy with an item or woken for one.
+// whether none is busy with an item or woken for one and no item waits.
 func (m *mailbox[T]) waiting() (hot, cold int, settled bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.hot), len(m.cold), m.busy == 0 && m.waking == 0
+	return len(m.hot), len(m.cold), m.busy == 0 && m.waking == 0 && len(m.items) == 0
 }
 
 // waitUntil waits up to 10 s for cond, checking it often (a futex wait lasts hotWait), and
@@ -227,4 +228,140 @@ func TestMailboxItemWaitsForTheBusyThread(t *testing.T) {
 			m.wakeAll()
 		})
 	}
+}
+
+// fakeReader is a stream that threads waiting on a mailbox read for themselves (mailbox.read),
+// one at a time, as core.Agent.ServeReading does: an item it reads it puts in the mailbox, as
+// the request's handler does.
+type fakeReader struct {
+	m          *mailbox[int]
+	incoming   chan int
+	reading    atomic.Bool
+	interrupts atomic.Int32
+	// misdirected counts items a reading thread put that went to another thread.
+	misdirected atomic.Int32
+}
+
+func (r *fakeReader) read(d time.Duration, stop func() bool, wake *atomic.Pointer[func()]) time.Duration {
+	deadline := time.Now().Add(d)
+	if !r.reading.CompareAndSwap(false, true) {
+		return d // another thread reads
+	}
+	defer r.reading.Store(false)
+	interrupted := make(chan struct{}, 1)
+	interrupt := func() {
+		r.interrupts.Add(1)
+		select {
+		case interrupted <- struct{}{}:
+		default:
+		}
+	}
+	wake.Store(&interrupt)
+	defer wake.Store(nil)
+	for !stop() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return 0
+		}
+		select {
+		case v := <-r.incoming:
+			r.m.put(&v)
+			if !stop() {
+				r.misdirected.Add(1)
+			}
+		case <-interrupted:
+		case <-time.After(left):
+		}
+	}
+	return time.Until(deadline)
+}
+
+// TestMailboxItemGoesToTheThreadThatReadIt: an item a waiting thread read itself (its request,
+// read from the caller's stream) is that thread's to take, not another's in its futex beside
+// it; and an item put meanwhile from elsewhere wakes a reading thread through its interrupt.
+func TestMailboxItemGoesToTheThreadThatReadIt(t *testing.T) {
+	m := newMailbox[int](make(chan struct{}))
+	m.hotWait = time.Hour // threads back from an item wait in their futex, reading, until the test ends
+	const takers, items = 4, 300
+	r := &fakeReader{m: m, incoming: make(chan int, items)}
+	m.read = r.read
+	warmUp := items
+	got := make(chan int, 100_000)
+	var wg sync.WaitGroup
+	for range takers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for back := false; ; {
+				v := m.take(5000, back)
+				if v == nil {
+					back = false
+					continue
+				}
+				if *v < 0 {
+					return
+				}
+				if *v == warmUp {
+					// Held a while, as a handler would: the other warm-ups wake other threads.
+					time.Sleep(time.Millisecond)
+				}
+				got <- *v
+				back = true
+			}
+		}()
+	}
+	// Threads back from an item wait in their futex, one of them reading: warm-up items put
+	// from outside get them back. Then no thread is on its way to an item (one woken for a
+	// warm-up another took would be given the next item put), and the items the reading
+	// thread reads follow.
+	waitUntil(t, "threads wait in their futex, one reading, none woken", func() bool {
+		hot, _, settled := m.waiting()
+		if hot >= 2 && settled && r.reading.Load() {
+			return true
+		}
+		if hot == 0 && settled {
+			for range takers {
+				m.put(&warmUp)
+			}
+		}
+		return false
+	})
+	for i := range items {
+		r.incoming <- i
+	}
+	seen := map[int]bool{}
+	for len(seen) < items {
+		select {
+		case v := <-got:
+			if v != warmUp {
+				seen[v] = true
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %d of %d items taken (%d were read)", len(seen), items, items-len(r.incoming))
+		}
+	}
+	if n := r.misdirected.Load(); n > 0 {
+		t.Fatalf("%d of %d items a thread read went to another thread", n, items)
+	}
+	// An item from elsewhere, while a thread reads: it is woken through its interrupt.
+	waitUntil(t, "a thread reads", r.reading.Load)
+	before := r.interrupts.Load()
+	outside := items + 1
+	m.put(&outside)
+	for taken := false; !taken; {
+		select {
+		case v := <-got:
+			taken = v == outside
+		case <-time.After(5 * time.Second):
+			t.Fatal("the item put from outside was not taken")
+		}
+	}
+	if r.interrupts.Load() == before {
+		t.Fatal("the item put from outside did not interrupt the reading thread")
+	}
+	stop := -1
+	for range takers {
+		m.put(&stop)
+	}
+	wg.Wait()
 }

@@ -33,9 +33,11 @@ type Options struct {
 	Handlers map[string]core.Handler
 	// InitTimeout bounds the rendezvous (default 10 s).
 	InitTimeout time.Duration
-	// ChunkSize and MaxMessageSize are passed to every agent (0: the defaults).
-	ChunkSize      int
-	MaxMessageSize int64
+	// ChunkSize, MaxMessageSize and MaxServedPerCaller are passed to every agent (0: the
+	// defaults).
+	ChunkSize          int
+	MaxMessageSize     int64
+	MaxServedPerCaller int
 	// Token is the world's shared secret (GRPC worlds).
 	Token string
 	// TLS puts a GRPC world under mutual TLS.
@@ -107,7 +109,7 @@ func Configs(t testing.TB, n int, opts Options) []core.Config {
 		cfgs[i] = core.Config{
 			Name: fmt.Sprintf("w%d", i), Rank: i, WorldSize: n,
 			InitMethod: init, InitTimeout: opts.InitTimeout, Handlers: opts.Handlers,
-			ListenHost: "127.0.0.1", ChunkSize: opts.ChunkSize, MaxMessageSize: opts.MaxMessageSize,
+			ListenHost: "127.0.0.1", ChunkSize: opts.ChunkSize, MaxMessageSize: opts.MaxMessageSize, MaxServedPerCaller: opts.MaxServedPerCaller,
 			Token: opts.Token, TLS: opts.TLS, Transports: opts.Transports,
 		}
 		if network != nil {

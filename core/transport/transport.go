@@ -57,18 +57,21 @@ type Lending interface {
 	Revoke()
 }
 
-// SelfReading is implemented by streams that a thread waiting for a reply may read for itself:
-// the peer then wakes that thread directly, instead of a reader goroutine that wakes it in turn
-// (a thread hand-off saved per reply). Frames of the small lane only (not Bulk): a big
-// message's stay with Recv. Recv and RecvWaiting may run at once (each frame goes to one), but
-// RecvWaiting must not run concurrently with itself.
+// SelfReading is implemented by streams that a thread may read for itself: a thread waiting
+// for a reply (the peer then wakes that thread directly, instead of a reader goroutine that
+// wakes it in turn: a thread hand-off saved per reply), or an idle thread that serves the
+// requests it reads. Frames of the small lane only (not Bulk): a big message's stay with Recv.
+// Recv and RecvWaiting may run at once (each frame goes to one), but RecvWaiting must not run
+// concurrently with itself. Frames are handled in the order they came: RecvWaiting reads only
+// while Recv's reader is in Recv, which means it has handled every frame Recv returned.
 type SelfReading interface {
 	Stream
-	// RecvWaiting returns the next small frame, waiting up to d for one unless stop reports
-	// true (checked before each sleep; Interrupt wakes a sleep to check it again). It returns
-	// nil, nil if none came, and ErrBusy at once if another reads the stream (or the next
-	// frame is one Recv must read): the caller then waits for Recv's reader.
-	RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, error)
+	// RecvWaiting waits up to d for the next small frame unless stop reports true (checked
+	// before each sleep; Interrupt wakes a sleep to check it again) and hands it to handle
+	// before any reader reads another. It reports whether it handled one, and ErrBusy at once
+	// if another reads the stream, Recv's reader holds a frame, or the next frame is one Recv
+	// must read: the caller then waits for Recv's reader.
+	RecvWaiting(d time.Duration, stop func() bool, handle func(*wire.Frame)) (bool, error)
 	// Interrupt wakes a RecvWaiting asleep, to check its stop again.
 	Interrupt()
 }

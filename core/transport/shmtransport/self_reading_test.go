@@ -14,7 +14,7 @@ import (
 
 // TestEveryFrameGoesToOneReader has a thread reading for itself (RecvWaiting) beside the
 // reader goroutine (Recv) while small and big frames flow: each frame reaches exactly one of
-// them, whole, and each reader sees the small lane in order.
+// them, whole, and the small lane's frames are handled in order whichever reader read them.
 func TestEveryFrameGoesToOneReader(t *testing.T) {
 	client, server, err := pair(t, "tok", "tok", MinRingBytes)
 	if err != nil {
@@ -28,13 +28,19 @@ func TestEveryFrameGoesToOneReader(t *testing.T) {
 			if i%(small/big) == 0 {
 				client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: uint64(i), Payload: bigPayload})
 			}
+			if i%100 == 0 {
+				// Pauses in which both readers go to sleep: the thread, at the doorbell, is
+				// then woken for the next small frame.
+				time.Sleep(time.Millisecond)
+			}
 		}
 	}()
 
 	var mu sync.Mutex
 	seen := map[uint64]int{}
 	chunks := 0
-	take := func(reader string, f *wire.Frame, last *int64) {
+	last := int64(-1) // the small frame handled last, by either reader
+	take := func(reader string, f *wire.Frame) {
 		mu.Lock()
 		defer mu.Unlock()
 		if f.Kind == wire.FrameChunk {
@@ -44,10 +50,10 @@ func TestEveryFrameGoesToOneReader(t *testing.T) {
 			chunks++
 			return
 		}
-		if int64(f.ID) <= *last {
-			t.Errorf("%s read small frame %d after %d", reader, f.ID, *last)
+		if int64(f.ID) <= last {
+			t.Errorf("%s handled small frame %d after %d", reader, f.ID, last)
 		}
-		*last = int64(f.ID)
+		last = int64(f.ID)
 		seen[f.ID]++
 	}
 	all := func() bool {
@@ -57,29 +63,29 @@ func TestEveryFrameGoesToOneReader(t *testing.T) {
 	}
 
 	go func() {
-		last := int64(-1)
 		for {
 			f, err := server.Recv()
 			if err != nil {
 				return
 			}
-			take("Recv", f, &last)
+			take("Recv", f)
 		}
 	}()
 	runtime.LockOSThread() // as a Python thread waiting in Go
 	defer runtime.UnlockOSThread()
-	last := int64(-1)
 	selfRead := 0
 	for deadline := time.Now().Add(20 * time.Second); !all() && time.Now().Before(deadline); {
-		f, err := server.(transport.SelfReading).RecvWaiting(20*time.Millisecond, func() bool { return false })
+		handled, err := server.(transport.SelfReading).RecvWaiting(20*time.Millisecond, func() bool { return false }, func(f *wire.Frame) {
+			selfRead++
+			take("RecvWaiting", f)
+		})
 		switch {
 		case errors.Is(err, transport.ErrBusy):
 			runtime.Gosched()
 		case err != nil:
 			t.Fatal(err)
-		case f != nil:
-			selfRead++
-			take("RecvWaiting", f, &last)
+		case handled && selfRead == 0:
+			t.Fatal("RecvWaiting reported a frame it did not hand over")
 		}
 	}
 	mu.Lock()
@@ -179,13 +185,14 @@ func TestRecvWaitingWakes(t *testing.T) {
 				wait = 10 * time.Second
 			}
 			start := time.Now()
-			f, err := server.(transport.SelfReading).RecvWaiting(wait, func() bool { mu.Lock(); defer mu.Unlock(); return stopped })
+			var f *wire.Frame
+			handled, err := server.(transport.SelfReading).RecvWaiting(wait, func() bool { mu.Lock(); defer mu.Unlock(); return stopped }, func(got *wire.Frame) { f = got })
 			took := time.Since(start)
 			switch {
 			case c.wantErr == errAny && err == nil, c.wantErr != errAny && !errors.Is(err, c.wantErr):
 				t.Fatalf("err = %v, want %v", err, c.wantErr)
-			case (f != nil) != c.wantFrame:
-				t.Fatalf("frame = %v, want one: %v", f, c.wantFrame)
+			case handled != c.wantFrame || (f != nil) != c.wantFrame:
+				t.Fatalf("handled %v, frame = %v; want one: %v", handled, f, c.wantFrame)
 			case took < c.atLeast:
 				t.Fatalf("returned after %v, before its %v", took, c.atLeast)
 			case c.atLeast == 0 && took > 5*time.Second:
@@ -282,7 +289,7 @@ func TestAThreadDoesNotWaitForTheReaderGoroutine(t *testing.T) {
 	result := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false })
+		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false }, func(*wire.Frame) {})
 		result <- err
 	}()
 	time.Sleep(50 * time.Millisecond) // the thread is most likely asleep by now
@@ -306,5 +313,31 @@ func TestAThreadDoesNotWaitForTheReaderGoroutine(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the thread waited for the reader goroutine's frame")
+	}
+}
+
+// TestAThreadWaitsForTheFrameRecvReturned: while Recv's reader holds a frame it has not
+// handled (it has not called Recv again), a thread does not read the next one, which would be
+// handled first; Recv gets it.
+func TestAThreadWaitsForTheFrameRecvReturned(t *testing.T) {
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1})
+	first, err := server.Recv() // held, not yet handled
+	if err != nil || first.ID != 1 {
+		t.Fatalf("Recv: %v, %v", first, err)
+	}
+	client.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 2})
+	handled, err := server.(transport.SelfReading).RecvWaiting(time.Second, func() bool { return false }, func(f *wire.Frame) {
+		t.Errorf("the thread handled frame %d before Recv's reader handled frame 1", f.ID)
+	})
+	if handled || !errors.Is(err, transport.ErrBusy) {
+		t.Fatalf("RecvWaiting: handled %v, err %v; want transport.ErrBusy", handled, err)
+	}
+	next, err := server.Recv()
+	if err != nil || next.ID != 2 {
+		t.Fatalf("Recv after: %v, %v; want frame 2", next, err)
 	}
 }

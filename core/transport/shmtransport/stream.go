@@ -49,6 +49,9 @@ type stream struct {
 	// frame there wakes it, not the reader goroutine.
 	readMu      sync.Mutex
 	threadWaits atomic.Bool
+	// inRecv, under readMu, says Recv's reader is in Recv: it has handled every frame Recv
+	// returned, so a thread may read the next (frames are handled in order).
+	inRecv bool
 
 	gone atomic.Pointer[error] // why the stream ended, once it has
 	done chan struct{}         // closed by Close
@@ -166,6 +169,8 @@ func (s *stream) Recv() (*wire.Frame, error) {
 	defer s.leave()
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
+	s.inRecv = true
+	defer func() { s.inRecv = false }()
 	l, err := s.readyLane()
 	if err != nil {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
@@ -239,13 +244,13 @@ func (s *stream) sleepsAs(i int) uint32 {
 // RecvWaiting implements transport.SelfReading. Nothing in it waits for the peer but the
 // doorbell, which is bounded by d: not the socket, not a frame the peer has yet to finish, not
 // the peer's memory, not the reader goroutine.
-func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, error) {
+func (s *stream) RecvWaiting(d time.Duration, stop func() bool, handle func(*wire.Frame)) (bool, error) {
 	if !s.enter() {
-		return nil, s.ended()
+		return false, s.ended()
 	}
 	defer s.leave()
 	if !s.readMu.TryLock() {
-		return nil, transport.ErrBusy
+		return false, transport.ErrBusy
 	}
 	locked, registered := true, false
 	defer func() {
@@ -265,22 +270,26 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 	askedForWakeUps := false
 	for {
 		if err := s.goneErr(); err != nil {
-			return nil, err
+			return false, err
+		}
+		if !s.inRecv {
+			// Recv's reader holds a frame it has not handled: the next is handled after it.
+			return false, transport.ErrBusy
 		}
 		n, known, err := in.peek()
 		if err != nil {
-			return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
+			return false, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 		}
 		if known && n > in.r.size-lengthBytes {
 			// A frame too big for the ring streams through as it is read, with waits on the
 			// socket between parts: the reader goroutine's to read, which may not know it came.
 			s.kickReader()
-			return nil, transport.ErrBusy
+			return false, transport.ErrBusy
 		}
 		if known && in.head-in.tail >= lengthBytes+n {
 			f, err := s.readWhole(l)
 			if err != nil {
-				return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
+				return false, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 			}
 			// The room goes back now: the reader goroutine, which gives it back before it
 			// sleeps, may not wake for a long time.
@@ -291,11 +300,13 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 				// for wake-ups to go to the reader goroutine again, woke nobody.
 				s.kickReader()
 			}
-			return f, nil
+			// Under readMu: no reader reads the next frame before this one is handled.
+			handle(f)
+			return true, nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 || stop() {
-			return nil, nil
+			return false, nil
 		}
 		seen := bell.Load()
 		in.release()
@@ -316,7 +327,7 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool) (*wire.Frame, er
 			// The reader goroutine reads, perhaps a frame that streams through with waits on
 			// the socket: the lane is its now, with the frames that rang for this thread.
 			s.kickReader()
-			return nil, transport.ErrBusy
+			return false, transport.ErrBusy
 		}
 	}
 }

@@ -159,10 +159,11 @@ func (ss *servedStream) handle(fr *wire.Frame, msg Message, refused error, hold 
 			case from.served <- struct{}{}:
 			default:
 				from.stats.waiting.Add(1)
-				if ss.selfReader.Load() {
-					// A thread that reads the stream holds a slot while it waits for a
-					// request: it gives it back once woken, as it cannot read past this one.
-					ss.stream.(transport.SelfReading).Interrupt()
+				if r := a.lastServed.Load(); r != nil && r.from == from && r.selfReader.Load() {
+					// A thread that reads a stream of this caller holds a slot while it
+					// waits for a request: woken, it sees a call waiting for a slot
+					// (ServeReading) and gives its own back.
+					r.stream.(transport.SelfReading).Interrupt()
 				}
 				select {
 				case from.served <- struct{}{}:

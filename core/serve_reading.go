@@ -24,14 +24,17 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 		return d
 	}
 	defer ss.selfReader.Store(false)
+	var slotHeld bool // a caller slot taken for a request not yet dispatched
 	defer func() {
 		if r := recover(); r != nil {
+			if slotHeld { // a panic before the request's dispatch, which frees it once served
+				ss.freeSlot()
+			}
 			reportPanic(a.log, ss.from.info.Name, "serving a caller's stream", r, func(error) { ss.stream.Close() })
 		}
 	}()
 	sr := ss.stream.(transport.SelfReading)
 	interrupt, awake := sr.Interrupt, func() {}
-	var slotHeld bool
 	serve := func(fr *wire.Frame) {
 		a.selfReadFrames.Add(1)
 		request := fr.Kind == wire.FrameRequest
@@ -41,6 +44,9 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 		wake.Store(&interrupt)
 		slotHeld = slotHeld && !request
 	}
+	// A call of this caller waiting for a slot (the reader goroutine of one of its streams
+	// holds it) has this thread give back the slot it holds for the request it waits for.
+	stopOrGiveBack := func() bool { return stop() || ss.from.stats.waiting.Load() > 0 }
 	wake.Store(&interrupt)
 	defer wake.Store(nil)
 	for !stop() {
@@ -50,13 +56,16 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 		}
 		// The caller's slot for the request first: with a frame in hand, this thread must
 		// not wait for one (the threads that free slots may include this one).
+		if ss.from.stats.waiting.Load() > 0 {
+			return left // the slots are the waiting call's first
+		}
 		select {
 		case ss.from.served <- struct{}{}:
 			slotHeld = true
 		default:
 			return left
 		}
-		_, err := sr.RecvWaiting(left, stop, serve)
+		_, err := sr.RecvWaiting(left, stopOrGiveBack, serve)
 		if slotHeld {
 			ss.freeSlot()
 			slotHeld = false

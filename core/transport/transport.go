@@ -62,15 +62,16 @@ type Lending interface {
 // wakes it in turn: a thread hand-off saved per reply), or an idle thread that serves the
 // requests it reads. Frames of the small lane only (not Bulk): a big message's stay with Recv.
 // Recv and RecvWaiting may run at once (each frame goes to one), but RecvWaiting must not run
-// concurrently with itself. Frames are handled in the order they came: RecvWaiting reads only
-// while Recv's reader is in Recv, which means it has handled every frame Recv returned.
+// concurrently with itself. Small frames are handled in the order they came: RecvWaiting does
+// not read while Recv's reader holds a small frame it has not handled (until it calls Recv
+// again).
 type SelfReading interface {
 	Stream
 	// RecvWaiting waits up to d for the next small frame unless stop reports true (checked
 	// before each sleep; Interrupt wakes a sleep to check it again) and hands it to handle
 	// before any reader reads another. It reports whether it handled one, and ErrBusy at once
-	// if another reads the stream, Recv's reader holds a frame, or the next frame is one Recv
-	// must read: the caller then waits for Recv's reader.
+	// if another reads the stream, Recv's reader holds a small frame, or the next frame is one
+	// Recv must read: the caller then waits for Recv's reader.
 	RecvWaiting(d time.Duration, stop func() bool, handle func(*wire.Frame)) (bool, error)
 	// Interrupt wakes a RecvWaiting asleep, to check its stop again.
 	Interrupt()

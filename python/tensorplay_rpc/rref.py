@@ -131,12 +131,15 @@ class PyRRef:
         fetch = None
         if creation is None or not _came_inlined(self._made_by):
             fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, timeout, self._function)
+        def timed_out() -> RuntimeError:
+            return RuntimeError(
+                f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
+                f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
+            )
+
         if creation is not None:
             if not creation.wait_for(timeout if timeout > 0 else None):
-                raise RuntimeError(
-                    f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
-                    f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
-                )
+                raise timed_out()
             try:
                 inlined = creation.wait()  # raises a failed creation's error
             except Exception:
@@ -149,7 +152,9 @@ class PyRRef:
                 if inlined is not None:
                     return inlined[0]
         if fetch is None:
-            left = max(1e-3, timeout - (time.monotonic() - started)) if timeout > 0 else timeout
+            left = timeout - (time.monotonic() - started) if timeout > 0 else timeout
+            if timeout > 0 and left < 1e-3:
+                raise timed_out()  # the whole to_here() is bounded by timeout, named as given
             fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, left, self._function)
         return fetch.wait()
 

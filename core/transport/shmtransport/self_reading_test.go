@@ -341,3 +341,30 @@ func TestAThreadWaitsForTheFrameRecvReturned(t *testing.T) {
 		t.Fatalf("Recv after: %v, %v; want frame 2", next, err)
 	}
 }
+
+// TestAThreadReadsPastABigFrameRecvHolds: a big message's frame that Recv's reader holds (it
+// may wait for memory before it calls Recv again) does not stop a thread from reading the
+// small lane: the lanes are not ordered with each other, and a small reply must not wait for
+// a big message's memory.
+func TestAThreadReadsPastABigFrameRecvHolds(t *testing.T) {
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A small frame first: Recv reads the bulk lane only after the stream's first frame.
+	client.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 0})
+	if f, err := server.Recv(); err != nil || f.ID != 0 {
+		t.Fatalf("Recv: %v, %v", f, err)
+	}
+	client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: make([]byte, 1000)})
+	held, err := server.Recv()
+	if err != nil || held.Kind != wire.FrameChunk {
+		t.Fatalf("Recv: %v, %v", held, err)
+	}
+	client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 2})
+	var got *wire.Frame
+	handled, err := server.(transport.SelfReading).RecvWaiting(5*time.Second, func() bool { return false }, func(f *wire.Frame) { got = f })
+	if err != nil || !handled || got == nil || got.ID != 2 {
+		t.Fatalf("RecvWaiting: handled %v, frame %v, err %v; want frame 2", handled, got, err)
+	}
+}

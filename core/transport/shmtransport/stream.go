@@ -49,9 +49,11 @@ type stream struct {
 	// frame there wakes it, not the reader goroutine.
 	readMu      sync.Mutex
 	threadWaits atomic.Bool
-	// inRecv, under readMu, says Recv's reader is in Recv: it has handled every frame Recv
-	// returned, so a thread may read the next (frames are handled in order).
-	inRecv bool
+	// heldSmall, under readMu, says Recv returned a small-lane frame its reader has not
+	// handled yet (it has not called Recv again): a thread must not read the next one, which
+	// it would handle first. A bulk-lane frame held up (a big message waiting for memory)
+	// does not stop a thread: the lanes are not ordered with each other.
+	heldSmall bool
 
 	gone atomic.Pointer[error] // why the stream ended, once it has
 	done chan struct{}         // closed by Close
@@ -169,8 +171,7 @@ func (s *stream) Recv() (*wire.Frame, error) {
 	defer s.leave()
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
-	s.inRecv = true
-	defer func() { s.inRecv = false }()
+	s.heldSmall = false // the caller has handled what Recv returned last
 	l, err := s.readyLane()
 	if err != nil {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
@@ -180,6 +181,7 @@ func (s *stream) Recv() (*wire.Frame, error) {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 	}
 	s.helloFirst = false
+	s.heldSmall = l == &s.lanes[laneSmall]
 	return f, nil
 }
 
@@ -272,8 +274,8 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool, handle func(*wir
 		if err := s.goneErr(); err != nil {
 			return false, err
 		}
-		if !s.inRecv {
-			// Recv's reader holds a frame it has not handled: the next is handled after it.
+		if s.heldSmall {
+			// Recv's reader holds a small frame it has not handled: the next comes after it.
 			return false, transport.ErrBusy
 		}
 		n, known, err := in.peek()
@@ -313,7 +315,9 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool, handle func(*wir
 		s.threadWaits.Store(true)
 		askedForWakeUps, registered = true, true
 		in.r.ctrl.readerAsleep.Store(readerOnDoorbell)
-		if in.changed() || stop() {
+		// The stream's end rings the doorbell after it records why: one that came before
+		// seen was loaded is seen here (Interrupt rings nothing on an ended stream).
+		if in.changed() || stop() || s.goneErr() != nil {
 			s.handBack()
 			registered = false
 			continue

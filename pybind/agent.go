@@ -18,9 +18,10 @@ import (
 
 // Agent is a worker's agent as Python holds it.
 type Agent struct {
-	agent    *core.Agent
-	requests *mailbox[Request]
-	events   *mailbox[Event]
+	agent      *core.Agent
+	requests   *mailbox[Request]
+	events     *mailbox[Event]
+	takenEvent atomic.Pointer[Event] // see TakenEvent
 
 	lendMu   sync.Mutex
 	nextLend int64

@@ -18,20 +18,27 @@ type Event struct {
 	rrefs    []wire.RRefID
 }
 
-// Valid reports whether the event is real (gopy turns a nil *Event into an empty one).
-func (e *Event) Valid() bool { return e != nil && e.kind != 0 }
-
-// Kind is EventCallDone or EventRRefsDropped.
-func (e *Event) Kind() int { return e.kind }
-
-// NotifyID is the notifyID of the completed call.
-func (e *Event) NotifyID() int64 { return e.notifyID }
-
 // post queues an event without blocking the goroutine that found it.
 func (a *Agent) post(e *Event) { a.events.put(e) }
 
-// NextEvent returns the next event, or nil if none came within timeoutMs or the agent is
-// shut down and no event is queued. handled says the thread acted on the event it took last.
-func (a *Agent) NextEvent(timeoutMs int, handled bool) *Event {
-	return a.events.take(timeoutMs, handled)
+// NextEvent waits up to timeoutMs for the next event (none once the agent is shut down and
+// none is queued) and says what it is in one boundary call, as a completion comes for every
+// call with callbacks: a completed call's notifyID (positive); minus its kind for the others,
+// whose detail TakenEvent gives; 0 for none. handled says the thread acted on the event it
+// took last.
+func (a *Agent) NextEvent(timeoutMs int, handled bool) int64 {
+	e := a.events.take(timeoutMs, handled)
+	switch {
+	case e == nil:
+		return 0
+	case e.kind == EventCallDone:
+		return e.notifyID
+	default:
+		a.takenEvent.Store(e)
+		return -int64(e.kind)
+	}
 }
+
+// TakenEvent is the last event NextEvent gave that was not a completed call (one thread
+// takes the events).
+func (a *Agent) TakenEvent() *Event { return a.takenEvent.Load() }

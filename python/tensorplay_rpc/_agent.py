@@ -681,7 +681,7 @@ class TensorPipeAgent(RpcAgent):
         handled = False
         while True:
             event = self._go_agent.NextEvent(_IDLE_WAIT_MS, handled)
-            handled = event.Valid()
+            handled = event != 0
             if not handled:
                 if self._go_agent.Closed():
                     with self._pending_lock:
@@ -694,18 +694,20 @@ class TensorPipeAgent(RpcAgent):
             except Exception:  # a bug (or a logging filter that raises) must not end this thread
                 logger.exception("handling an event failed")
 
-    def _handle_event(self, event: Any) -> None:
-        kind = event.Kind()
-        if kind == _go.EventLogs:
-            forward_go_logs()
-        elif kind == _go.EventRRefsDropped:
-            for i in range(event.Dropped()):
-                self.owner_table.drop((event.RRefCreator(i), event.RRefLocal(i)))
-        elif kind == _go.EventCallDone:
+    def _handle_event(self, event: int) -> None:
+        """``event`` is what NextEvent gave: a completed call's notify id, or minus the kind
+        of another event."""
+        if event > 0:
             with self._pending_lock:
-                fut = self._pending.pop(event.NotifyID(), None)
+                fut = self._pending.pop(event, None)
             if fut is not None:
                 fut._settle()
+        elif -event == _go.EventLogs:
+            forward_go_logs()
+        elif -event == _go.EventRRefsDropped:
+            dropped = self._go_agent.TakenEvent()
+            for i in range(dropped.Dropped()):
+                self.owner_table.drop((dropped.RRefCreator(i), dropped.RRefLocal(i)))
 
     # -- incoming calls -------------------------------------------------------------------
 

@@ -38,6 +38,8 @@ def test_remote_and_rref_methods():
         "a mutable value is fetched anew, with changes made on the owner": lambda o: o["mutable_seen_changed"] == [[1, 2, 3], [4]],
         "to_here(timeout) fails naming the owner": lambda o: raised(RuntimeError, "timeout", "worker1")(o["to_here_timeout"]),
         "to_here(timeout) gives up within its own timeout": lambda o: o["to_here_timeout_took"] < 2.5,
+        "to_here(timeout) names its own timeout when the creation's ran out first":
+            lambda o: raised(RuntimeError, "(310 ms)", "worker1")(o["to_here_timeout_named"]),
         "to_here() does not wait for the owner after the creation timed out": lambda o: o["creation_timeout_took"] < 2.5,
         "pickling an RRef outside an RPC is refused": lambda o: o["pickle_outside_rpc"][0] is RuntimeError,
         "repr() is torch's (UserRRef(RRefId = ...))": lambda o: o["repr"].startswith("UserRRef(RRefId = GloballyUniqueId(created_on=0"),

@@ -96,6 +96,11 @@ def remote_basics(rank, world_size):
         out["creation_error_timeout"] = error_of(timed_out.to_here)
         out["creation_timeout_took"] = time.monotonic() - started
         out["to_here_during_creation_timeout"] = rpc.remote("worker1", value_after, args=(1, 32), timeout=0.3).to_here()
+        # Its creation times out while it waits, and (value_after's last value came with its
+        # creation) no fetch went at once: the fetch after has only what is left, yet the
+        # error names the timeout to_here() was given.
+        assert rpc.remote("worker1", value_after, args=(0, 5)).to_here() == 5
+        out["to_here_timeout_named"] = error_of(lambda: rpc.remote("worker1", value_after, args=(3, 7), timeout=0.3).to_here(timeout=0.31))
         out["pickle_outside_rpc"] = error_of(lambda: __import__("pickle").dumps(rref))
         out["repr"] = repr(rref)
         out["unknown"] = error_of(lambda: rpc.remote("nobody", add, args=(1, 2)))

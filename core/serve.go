@@ -63,7 +63,7 @@ func (a *Agent) serveStream(s transport.Stream) {
 	ctx, cancel := context.WithCancel(a.serveCtx)
 	defer cancel()
 	ss := &servedStream{agent: a, stream: s, from: from, ctx: ctx}
-	_, ss.selfReading = s.(transport.SelfReading)
+	ss.threadReadable, _ = s.(transport.SelfReading)
 	ss.writer = newFrameWriter(s, a.chunkSize, func(error) { cancel() })
 	defer ss.writer.close(ErrShutdown)
 	defer a.lastServed.CompareAndSwap(ss, nil)
@@ -100,10 +100,10 @@ type servedStream struct {
 	from   *member
 	ctx    context.Context // ends with the stream
 	writer *frameWriter
-	// selfReading says threads may read the stream (ServeReading); selfReader is set while
-	// one does (one at a time).
-	selfReading bool
-	selfReader  atomic.Bool
+	// threadReadable is the stream if threads may read it (ServeReading), else nil;
+	// selfReader is set while one does (one at a time).
+	threadReadable transport.SelfReading
+	selfReader     atomic.Bool
 }
 
 // freeSlot gives back the caller's slot a call held (see handle).
@@ -163,7 +163,7 @@ func (ss *servedStream) handle(fr *wire.Frame, msg Message, refused error, hold 
 					// A thread that reads a stream of this caller holds a slot while it
 					// waits for a request: woken, it sees a call waiting for a slot
 					// (ServeReading) and gives its own back.
-					r.stream.(transport.SelfReading).Interrupt()
+					r.threadReadable.Interrupt()
 				}
 				select {
 				case from.served <- struct{}{}:

@@ -4,7 +4,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -33,7 +32,7 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 			reportPanic(a.log, ss.from.info.Name, "serving a caller's stream", r, func(error) { ss.stream.Close() })
 		}
 	}()
-	sr := ss.stream.(transport.SelfReading)
+	sr := ss.threadReadable
 	interrupt, awake := sr.Interrupt, func() {}
 	serve := func(fr *wire.Frame) {
 		a.selfReadFrames.Add(1)
@@ -55,10 +54,8 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 			return 0
 		}
 		// The caller's slot for the request first: with a frame in hand, this thread must
-		// not wait for one (the threads that free slots may include this one).
-		if ss.from.stats.waiting.Load() > 0 {
-			return left // the slots are the waiting call's first
-		}
+		// not wait for one (the threads that free slots may include this one). A call
+		// waiting for one gets the next freed first (it waits in a send on the channel).
 		select {
 		case ss.from.served <- struct{}{}:
 			slotHeld = true
@@ -79,7 +76,7 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 
 // noteServed makes ss the stream threads read (ServeReading) once it served a request.
 func (a *Agent) noteServed(ss *servedStream) {
-	if ss.selfReading && a.lastServed.Load() != ss {
+	if ss.threadReadable != nil && a.lastServed.Load() != ss {
 		a.lastServed.Store(ss)
 	}
 }

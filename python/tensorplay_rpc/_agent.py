@@ -179,6 +179,9 @@ class _CallFuture(Future[Any]):
         self._dest = dest
         self._function = function  # the name called, for a call of a remote function (msgpack)
         self._timeout_ms = _to_ms(timeout_s)
+        # The timeout a timeout error names: the caller's whole one where this call has only
+        # what was left of it (a fetch after to_here() waited for the creation).
+        self.named_timeout_ms = self._timeout_ms
         self._prefixed = prefixed  # a remote error's message starts with its type (to_exception)
         self.timed_out = False  # set once the call failed for want of an answer in time
         self._go_call: Any = None
@@ -306,7 +309,7 @@ class _CallFuture(Future[Any]):
 
     def _call_error(self, go_call: Any, status: int) -> RuntimeError:
         text = _CALL_ERRORS.get(status, "{message}")
-        return RuntimeError(text.format(dest=self._dest, timeout_ms=self._timeout_ms, message=go_call.ErrorMessage()))
+        return RuntimeError(text.format(dest=self._dest, timeout_ms=self.named_timeout_ms, message=go_call.ErrorMessage()))
 
 
 class _InternalCallFuture(_CallFuture):
@@ -581,13 +584,19 @@ class TensorPipeAgent(RpcAgent):
             raise
         return rref_id, fork_id, creation
 
-    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float, function: Optional[str] = None) -> Future[Any]:
+    def fetch(self, owner: WorkerInfo, rref_id: Id, timeout: float, function: Optional[str] = None, named_timeout: Optional[float] = None) -> Future[Any]:
         """The future of a copy of the value of RRef ``rref_id``, from its owner; ``function``
-        names the function that made it if it was made by name (kept in msgpack)."""
+        names the function that made it if it was made by name (kept in msgpack).
+        ``named_timeout``, if given, is the timeout its timeout error names (``timeout`` is
+        what is left of it)."""
         if function is None:
-            return self._send(owner, (_FETCH, rref_id), timeout, prefixed=False, internal=True)
-        fut = _InternalCallFuture(self, owner.name, self._timeout(timeout), prefixed=False, function=function)
-        return self._call(owner, _go.FetchMethod, crosslang.pack(list(rref_id), "an RRef id"), fut)
+            fut = self._send(owner, (_FETCH, rref_id), timeout, prefixed=False, internal=True)
+        else:
+            fut = _InternalCallFuture(self, owner.name, self._timeout(timeout), prefixed=False, function=function)
+            self._call(owner, _go.FetchMethod, crosslang.pack(list(rref_id), "an RRef id"), fut)
+        if named_timeout is not None:
+            fut.named_timeout_ms = _to_ms(named_timeout)
+        return fut
 
     def _send(self, dest: WorkerInfo, message: Any, timeout: float, prefixed: bool = True, internal: bool = False) -> "_CallFuture":
         """Send a Python-level message and return the future of its reply.

@@ -131,15 +131,12 @@ class PyRRef:
         fetch = None
         if creation is None or not _came_inlined(self._made_by):
             fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, timeout, self._function)
-        def timed_out() -> RuntimeError:
-            return RuntimeError(
-                f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
-                f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
-            )
-
         if creation is not None:
             if not creation.wait_for(timeout if timeout > 0 else None):
-                raise timed_out()
+                raise RuntimeError(
+                    f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
+                    f"with an error: to_here() of an RRef whose creation on worker {self.owner_name()} is not confirmed"
+                )
             try:
                 inlined = creation.wait()  # raises a failed creation's error
             except Exception:
@@ -151,22 +148,12 @@ class PyRRef:
                 _remember_inlined(self._made_by, inlined is not None)
                 if inlined is not None:
                     return inlined[0]
-        budget = timeout
         if fetch is None:
-            budget = timeout - (time.monotonic() - started) if timeout > 0 else timeout
-            if timeout > 0 and budget < 1e-3:
-                raise timed_out()  # the whole to_here() is bounded by timeout, named as given
-            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, budget, self._function)
-        try:
-            return fetch.wait()
-        except RuntimeError:
-            if budget != timeout and getattr(fetch, "timed_out", False):
-                # The fetch had what was left of timeout: the error names timeout itself.
-                raise RuntimeError(
-                    f"RPC ran for more than set timeout ({round(timeout * 1000)} ms) and will now be marked "
-                    f"with an error: the call to worker {self.owner_name()} timed out"
-                ) from None
-            raise
+            # The whole to_here() is bounded by timeout: the fetch has what is left, and its
+            # timeout error names timeout itself.
+            left = max(1e-3, timeout - (time.monotonic() - started)) if timeout > 0 else timeout
+            fetch = self._agent.fetch(self._owner_to_call(), self._rref_id, left, self._function, named_timeout=timeout)
+        return fetch.wait()
 
     def rpc_sync(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> RRefProxy:
         """A proxy whose method calls run the value's method on the owner with ``rpc_sync``:

@@ -219,7 +219,7 @@ func (w *frameWriter) next() (f *wire.Frame, m *outMessage, done bool, err error
 			w.large = append(w.large, m)
 			return m.header, nil, false, nil
 		}
-		f = &wire.Frame{Kind: wire.FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(w.chunkSize)}
+		f = &wire.Frame{Kind: wire.FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(w.chunkLength())}
 		m.offset += int64(len(f.Payload))
 		if m.offset < m.total {
 			w.large = append(w.large, m)
@@ -228,6 +228,17 @@ func (w *frameWriter) next() (f *wire.Frame, m *outMessage, done bool, err error
 		w.finished(m)
 		return f, m, true, nil
 	}
+}
+
+// chunkLength is how long the next chunk is: what a lending stream asks for, else the agent's
+// chunk size.
+func (w *frameWriter) chunkLength() int {
+	if l, ok := w.stream.(transport.Lending); ok {
+		if n := l.ChunkBytes(); n > 0 {
+			return n
+		}
+	}
+	return w.chunkSize
 }
 
 // takeLarge removes and returns the first big message that may be served now: one under way,

@@ -249,11 +249,13 @@ func TestLentMessageMemoryIsKeptUntilThePeerReadIt(t *testing.T) {
 }
 
 // settlingStream is a Lending stream that records, in order, what was sent and when the
-// writer settled or revoked; its failAt-th Send (from 1; 0: none) fails.
+// writer settled or revoked; its failAt-th Send (from 1; 0: none) fails, and it asks for
+// chunks of chunkBytes (0: the writer's own).
 type settlingStream struct {
 	recordingStream
-	events []string
-	failAt int
+	events     []string
+	failAt     int
+	chunkBytes int
 }
 
 func (s *settlingStream) Send(f *wire.Frame) error {
@@ -268,6 +270,8 @@ func (s *settlingStream) Send(f *wire.Frame) error {
 }
 
 func (s *settlingStream) Revoke() { s.note("revoke") }
+
+func (s *settlingStream) ChunkBytes() int { return s.chunkBytes }
 
 func (s *settlingStream) Settle() error {
 	s.mu.Lock()
@@ -293,17 +297,20 @@ func TestBigMessageIsGivenBackAfterSettling(t *testing.T) {
 		size   int
 		abort  bool
 		failAt int
-		want   []string
+		// chunkBytes is the stream's chunk length (0: the writer's, 1 KiB)
+		chunkBytes int
+		want       []string
 	}{
-		{"small", 100, false, 0, []string{header, "given back"}},
-		{"big", 2 << 10, false, 0, []string{header, chunk, chunk, "settle", "given back"}},
-		{"big, aborted", 64 << 10, true, 0, []string{header, chunk, abort, "settle", "given back"}},
-		{"big, the stream fails partway", 4 << 10, false, 3, []string{header, chunk, chunk + " failed", "revoke", "given back"}},
-		{"big, the stream fails on its last chunk", 2 << 10, false, 3, []string{header, chunk, chunk + " failed", "revoke", "given back"}},
+		{"small", 100, false, 0, 0, []string{header, "given back"}},
+		{"big", 2 << 10, false, 0, 0, []string{header, chunk, chunk, "settle", "given back"}},
+		{"big, in chunks of the stream's length", 8 << 10, false, 0, 4 << 10, []string{header, chunk, chunk, "settle", "given back"}},
+		{"big, aborted", 64 << 10, true, 0, 0, []string{header, chunk, abort, "settle", "given back"}},
+		{"big, the stream fails partway", 4 << 10, false, 3, 0, []string{header, chunk, chunk + " failed", "revoke", "given back"}},
+		{"big, the stream fails on its last chunk", 2 << 10, false, 3, 0, []string{header, chunk, chunk + " failed", "revoke", "given back"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := &settlingStream{failAt: c.failAt}
+			s := &settlingStream{failAt: c.failAt, chunkBytes: c.chunkBytes}
 			w := newFrameWriter(s, 1<<10, func(error) {})
 			defer w.close(ErrShutdown)
 			var out *outMessage

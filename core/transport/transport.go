@@ -55,6 +55,10 @@ type Lending interface {
 	// from now on (and ends the stream), so the memory may be reused at once. For a stream
 	// that is ending.
 	Revoke()
+	// ChunkBytes is how long the chunks of a big message sent now should be, or 0 for the
+	// sender's own length: a peer that reads chunks from the sender's memory reads a long one
+	// in one go, so fewer, longer chunks cost it fewer wake-ups.
+	ChunkBytes() int
 }
 
 // SelfReading is implemented by streams that a thread may read for itself: a thread waiting

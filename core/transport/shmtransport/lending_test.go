@@ -74,6 +74,9 @@ func TestBigChunksAreLentNotCopiedIntoTheRing(t *testing.T) {
 				if got.Kind != wire.FrameChunk || got.ID != 5 || got.Offset != 3 || !bytes.Equal(got.Payload, data) {
 					t.Fatalf("lending %v: the chunk came out different", lending)
 				}
+				if got, want := dir.from.ChunkBytes(), map[bool]int{true: LentChunkBytes, false: 0}[lending]; got != want {
+					t.Fatalf("lending %v: the stream asks for chunks of %d bytes, want %d", lending, got, want)
+				}
 				inRing := out.head - before
 				if lending && inRing > 1024 {
 					t.Fatalf("a lent chunk of %d bytes put %d bytes in the ring", size, inRing)
@@ -148,17 +151,14 @@ func TestARevokedLoanIsNotDelivered(t *testing.T) {
 	}
 }
 
-// TestLentBytesAreBoundedByTheRing: a sender lends at most a ring's worth of bytes the receiver
-// has not read, as copying into the ring would hold it; otherwise a big message would be queued
-// whole ahead of the next and the two could not take turns.
-func TestLentBytesAreBoundedByTheRing(t *testing.T) {
+// TestLentBytesAreBoundedByTheWindow: a sender lends at most a window's worth of bytes the
+// receiver has not read; otherwise a big message would be queued whole ahead of the next and
+// the two could not take turns.
+func TestLentBytesAreBoundedByTheWindow(t *testing.T) {
 	client, server := lendingPair(t, true)
 	out := &client.lanes[laneBulk].out
-	chunk := int(out.r.size) / 2
-	if chunk < minLentBytes {
-		chunk = minLentBytes
-	}
-	perRing := int(out.r.size) / chunk
+	chunk := int(lendingWindow(out.r.size)) / 2
+	perWindow := 2
 	data := randomBytes(t, 4*chunk)
 	before := out.head
 	sent := make(chan int, 4)
@@ -171,14 +171,14 @@ func TestLentBytesAreBoundedByTheRing(t *testing.T) {
 		}
 		close(sent)
 	}()
-	for want := range perRing {
+	for want := range perWindow {
 		if got := <-sent; got != want {
 			t.Fatalf("chunk %d sent, want %d", got, want)
 		}
 	}
 	select {
 	case i := <-sent:
-		t.Fatalf("chunk %d was lent while a ring's worth was unread", i)
+		t.Fatalf("chunk %d was lent while a window's worth was unread", i)
 	case <-time.After(50 * time.Millisecond):
 	}
 	for i := range 4 {
@@ -191,7 +191,7 @@ func TestLentBytesAreBoundedByTheRing(t *testing.T) {
 		}
 	}
 	for i := range sent {
-		if i < perRing {
+		if i < perWindow {
 			t.Fatalf("chunk %d reported twice", i)
 		}
 	}
@@ -367,4 +367,50 @@ func TestLendingNeedsTheProbeReadBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestASharedReadCopiesEveryByteOnce: a long read is split between the reader and a helper;
+// whatever the length (whole pieces or not), every byte lands where it belongs, and a read
+// that cannot finish (memory not mapped partway) fails instead of waiting for a piece.
+func TestASharedReadCopiesEveryByteOnce(t *testing.T) {
+	src := randomBytes(t, 3*sharedReadMin+sharedReadPiece)
+	for _, n := range []int{sharedReadMin - 1, sharedReadMin, sharedReadMin + 1, 2*sharedReadMin + 123} {
+		// Reads that start on a piece boundary of the source and off one.
+		for _, skew := range []int{-1, 0, 1, sharedReadPiece - 5} {
+			t.Run(fmt.Sprintf("%d bytes, skew %d", n, skew), func(t *testing.T) {
+				at := sharedReadPiece - int(uintptr(unsafe.Pointer(&src[0]))%sharedReadPiece) + skew
+				want := src[at : at+n]
+				dst := make([]byte, n+2)
+				dst[0], dst[n+1] = 0xa5, 0x5a
+				if err := readProcessShared(os.Getpid(), dst[1:n+1], uint64(uintptr(unsafe.Pointer(&want[0])))); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(dst[1:n+1], want) || dst[0] != 0xa5 || dst[n+1] != 0x5a {
+					t.Fatal("the read came out different")
+				}
+			})
+		}
+	}
+	t.Run("memory unreadable partway", func(t *testing.T) {
+		mem, err := unix.Mmap(-1, 0, 4<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(mem)
+		if err := unix.Mprotect(mem[2<<20:], unix.PROT_NONE); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- readProcessShared(os.Getpid(), make([]byte, 4<<20), uint64(uintptr(unsafe.Pointer(&mem[0]))))
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("a read of unreadable memory worked")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the read did not end")
+		}
+	})
 }

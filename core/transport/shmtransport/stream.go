@@ -160,6 +160,19 @@ func (s *stream) Revoke() {
 	}
 }
 
+// ChunkBytes implements transport.Lending: long chunks once the peer reads them from this
+// process's memory.
+func (s *stream) ChunkBytes() int {
+	if !s.enter() {
+		return 0
+	}
+	defer s.leave()
+	if s.lanes[laneBulk].out.r.ctrl.readsLender.Load() == 1 {
+		return LentChunkBytes
+	}
+	return 0
+}
+
 // revoke tells the peer that what this side lent may be reused; the region must be mapped.
 func (s *stream) revoke() { s.lanes[laneBulk].out.r.ctrl.revoked.Store(1) }
 

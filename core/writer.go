@@ -1,7 +1,9 @@
 package core
 
 import (
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
@@ -157,6 +159,14 @@ func (w *frameWriter) sendRefOps() error {
 	}
 }
 
+// abandonGrace is how long a peer may hold the memory of a big message whose call gave up:
+// the time to take the chunk being sent, or to read what was lent to it (transport.Lending).
+// A peer that runs does so in milliseconds; one still holding it after this is frozen
+// (SIGSTOP, a debugger) or cut off, and would hold the caller's memory, and so the call, for
+// as long as that lasts (over gRPC, until its keepalive gives up). Its stream is then ended,
+// which takes the memory back, and the calls on it fail naming it.
+var abandonGrace = 2 * time.Second
+
 // abort stops sending m; the peer is told if it has seen m's header.
 func (w *frameWriter) abort(m *outMessage) {
 	if m == nil {
@@ -164,8 +174,18 @@ func (w *frameWriter) abort(m *outMessage) {
 	}
 	w.mu.Lock()
 	m.aborted = true
+	started := m.started
 	w.kick()
 	w.mu.Unlock()
+	if started {
+		time.AfterFunc(abandonGrace, func() {
+			select {
+			case <-m.sent:
+			default:
+				w.onError(fmt.Errorf("it held the memory of a big message for %v after the message's call gave up", abandonGrace))
+			}
+		})
+	}
 }
 
 func (w *frameWriter) kick() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -352,6 +353,76 @@ func TestBigMessageIsGivenBackAfterSettling(t *testing.T) {
 					t.Fatalf("events %v, want %v", got, c.want)
 				}
 				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+}
+
+// holdingStream is a Lending stream whose peer holds what was lent until the stream is
+// closed (a frozen peer), unless reads is set (a peer that runs: Settle returns at once).
+type holdingStream struct {
+	recordingStream
+	reads     bool
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+func (s *holdingStream) Settle() error {
+	if s.reads {
+		return nil
+	}
+	<-s.closed
+	return errors.New("the stream ended")
+}
+func (s *holdingStream) Revoke()         {}
+func (s *holdingStream) ChunkBytes() int { return 0 }
+func (s *holdingStream) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return nil
+}
+
+// TestAPeerHoldingAnAbandonedMessageLosesItsStream: once a big message's call gave up, a peer
+// that still holds its memory after abandonGrace (a frozen one, which never reads what was lent)
+// has its stream ended, and the memory comes back; one that reads in time keeps its stream.
+func TestAPeerHoldingAnAbandonedMessageLosesItsStream(t *testing.T) {
+	defer func(d time.Duration) { abandonGrace = d }(abandonGrace)
+	abandonGrace = 50 * time.Millisecond
+	for _, reads := range []bool{false, true} {
+		t.Run(fmt.Sprintf("the peer reads: %v", reads), func(t *testing.T) {
+			s := &holdingStream{reads: reads, closed: make(chan struct{})}
+			failed := make(chan error, 1)
+			// As a peer connection does: its failure closes the stream.
+			w := newFrameWriter(s, 1<<10, func(err error) { failed <- err; s.Close() })
+			defer w.close(ErrShutdown)
+			out, err := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: make([]byte, 4<<10)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for len(s.kinds()) < 5 { // the header and four chunks: all lent
+				if time.Now().After(deadline) {
+					t.Fatalf("sent only %v", s.kinds())
+				}
+				time.Sleep(time.Millisecond)
+			}
+			w.abort(out) // the call gave up
+			select {
+			case err := <-failed:
+				if reads {
+					t.Fatalf("a peer that read what was lent lost its stream: %v", err)
+				}
+				if !strings.Contains(err.Error(), "after the message's call gave up") {
+					t.Fatalf("the stream ended with %q", err)
+				}
+			case <-time.After(10 * abandonGrace):
+				if !reads {
+					t.Fatal("the stream of a peer holding an abandoned message's memory did not end")
+				}
+			}
+			select {
+			case <-out.sent:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the message's memory did not come back")
 			}
 		})
 	}

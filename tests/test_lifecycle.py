@@ -230,6 +230,32 @@ def test_a_frozen_peer_is_not_a_dead_one(world, tmp_path, each_transport):
     })
 
 
+def test_a_big_call_to_a_frozen_peer_fails_in_bounded_time(world, tmp_path, each_transport):
+    ready, frozen, failed = tmp_path / "ready", tmp_path / "frozen", tmp_path / "failed"
+    w = world("faults:big_call_to_frozen", 3, args=[str(ready), str(frozen), str(failed), str(32 << 20)])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline and w.procs[0].poll() is None:
+        time.sleep(0.05)
+    assert ready.exists(), "worker0 never got going"
+    os.kill(w.procs[1].pid, signal.SIGSTOP)
+    try:
+        frozen.write_text("frozen")
+        deadline = time.monotonic() + 30
+        while not failed.exists() and time.monotonic() < deadline and w.procs[0].poll() is None:
+            time.sleep(0.05)
+    finally:
+        os.kill(w.procs[1].pid, signal.SIGCONT)
+    results = w.finish(timeout=60)
+    for r in results:
+        assert r.returncode == 0, r.output
+    expect_behaviours(results[0].value, {
+        "the call to the frozen worker failed, naming it": lambda o: o["error"] is not None and "worker1" in o["error"],
+        "it failed within its timeout and the grace for a peer to read what it was lent": lambda o: 1.5 < o["failed_after"] < 8,
+        "the other worker answered meanwhile": lambda o: o["survivor"] == 4,
+        "the frozen worker took big calls before and after": lambda o: o["before"] == 16 and o["after"] == 32,
+    })
+
+
 def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):
     w = world("faults:store_host_dies", 3, args=[str(tmp_path)])
     deadline = time.monotonic() + 30

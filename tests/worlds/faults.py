@@ -206,6 +206,42 @@ def peer_frozen(rank, world_size, ready_file, frozen_file):
     return out
 
 
+def big_call_to_frozen(rank, world_size, ready_file, frozen_file, failed_file, nbytes):
+    """worker1 is frozen by the test (SIGSTOP) before worker0 sends it a big array with a
+    2-second timeout, and thawed once that call has failed: the call fails in bounded time,
+    though worker1 never read the array (over shared memory it would read it from worker0's
+    memory, which worker0 gets back), and worker1 answers calls again, big ones included,
+    once it runs."""
+    init(rank, world_size)
+    nbytes = int(nbytes)
+    out = {}
+    if rank == 0:
+        arr = np.ones(nbytes, dtype=np.uint8)
+        out["before"] = rpc.rpc_sync("worker1", _sum_first, args=(arr,))
+        with open(ready_file, "w") as f:
+            f.write("ready")
+        wait_for_file(frozen_file, 30)
+        start = time.monotonic()
+        fut = rpc.rpc_async("worker1", _sum_first, args=(arr,), timeout=2)
+        out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
+        try:
+            fut.wait()
+            out["error"] = None
+        except RuntimeError as exc:
+            out["error"] = str(exc)
+        out["failed_after"] = time.monotonic() - start
+        arr[:] = 2  # the memory is ours again
+        with open(failed_file, "w") as f:
+            f.write("failed")
+        out["after"] = rpc.rpc_sync("worker1", _sum_first, args=(arr,), timeout=30)
+        rpc.rpc_sync("worker2", set_done)
+        rpc.rpc_sync("worker1", set_done)
+    else:
+        wait_done(120)
+    rpc.shutdown()
+    return out
+
+
 def shutdown_timeout(rank, world_size):
     """worker1 does not shut down for a while: worker0's graceful shutdown gives up at its
     timeout, saying why."""

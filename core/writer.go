@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,6 +49,7 @@ type outMessage struct {
 	total    int64
 	offset   int64 // bytes sent so far
 	started  bool  // the header went out
+	turn     int   // bytes sent in its current turn
 	aborted  bool
 	sent     chan struct{} // closed once neither the writer nor the peer reads the message's memory
 	onSent   func()        // if set, run once sent is closed
@@ -236,13 +238,23 @@ func (w *frameWriter) next() (f *wire.Frame, m *outMessage, done bool, err error
 			m.started = true
 			w.underWay += m.total
 			w.underWayCount++
-			w.large = append(w.large, m)
+			w.large = slices.Insert(w.large, 0, m) // the header is not its turn's worth
 			return m.header, nil, false, nil
 		}
-		f = &wire.Frame{Kind: wire.FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(w.chunkLength())}
+		n := w.chunkLength()
+		f = &wire.Frame{Kind: wire.FrameChunk, ID: m.header.ID, Offset: m.offset, Payload: m.chunk(n)}
 		m.offset += int64(len(f.Payload))
 		if m.offset < m.total {
-			w.large = append(w.large, m)
+			// A turn is a chunk's length of bytes: a chunk cut short by the end of a segment
+			// (a pickle of a few hundred bytes before an array) keeps the turn, or a message
+			// of many segments would wait a whole round of others' chunks for each.
+			m.turn += len(f.Payload)
+			if m.turn >= n {
+				m.turn = 0
+				w.large = append(w.large, m)
+			} else {
+				w.large = slices.Insert(w.large, 0, m)
+			}
 			return f, m, false, nil
 		}
 		w.finished(m)

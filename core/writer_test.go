@@ -41,6 +41,41 @@ func TestBigMessagesStartInQueueOrder(t *testing.T) {
 	}
 }
 
+// TestATurnIsAChunksLengthOfBytes: big messages take turns by bytes, not frames: a chunk cut
+// short by the end of a segment (a message's small pickle before its array) keeps the turn,
+// so that message does not wait a whole chunk of another message for each of its segments.
+func TestATurnIsAChunksLengthOfBytes(t *testing.T) {
+	s := &recordingStream{}
+	w := newFrameWriter(s, 1<<10, func(error) {})
+	defer w.close(ErrShutdown)
+	w.sendMu.Lock() // both are queued before the writer picks the first frame
+	a, errA := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 1}, Message{Payload: make([]byte, 4<<10)}, nil)
+	b, errB := w.send(&wire.Frame{Kind: wire.FrameRequest, ID: 2}, Message{Payload: make([]byte, 100), Buffers: [][]byte{make([]byte, 2<<10)}}, nil)
+	w.sendMu.Unlock()
+	if errA != nil || errB != nil {
+		t.Fatal(errA, errB)
+	}
+	for _, m := range []*outMessage{a, b} {
+		select {
+		case <-m.sent:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a message was not sent")
+		}
+	}
+	var got []string
+	s.mu.Lock()
+	for _, f := range s.sent {
+		if f.Kind == wire.FrameChunk {
+			got = append(got, fmt.Sprintf("%d:%d", f.ID, len(f.Payload)))
+		}
+	}
+	s.mu.Unlock()
+	want := []string{"1:1024", "2:100", "2:1024", "1:1024", "2:1024", "1:1024", "1:1024"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("chunks went %v, want %v", got, want)
+	}
+}
+
 // recordingStream keeps the frames sent on it.
 type recordingStream struct {
 	mu   sync.Mutex

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -266,10 +267,11 @@ func TestAThreadReadsOnlyWhatItFoundWhole(t *testing.T) {
 // errAny stands for any error in a table.
 var errAny = errors.New("any error")
 
-// TestAThreadDoesNotWaitForTheReaderGoroutine: woken while the reader goroutine holds the
-// rings through a frame that streams through (and whose writer stalled), a waiting thread
-// leaves the lane to it at once.
-func TestAThreadDoesNotWaitForTheReaderGoroutine(t *testing.T) {
+// TestAThreadReadsSmallFramesWhileRecvReadsABigOne: while the reader goroutine is inside a
+// bulk frame (one that streams through the ring, whose writer stalled; or a lent chunk being
+// copied), a thread reading for itself still takes the small lane's frames, and the big frame
+// arrives whole once its writer goes on.
+func TestAThreadReadsSmallFramesWhileRecvReadsABigOne(t *testing.T) {
 	client, server, err := pair(t, "tok", "tok", MinRingBytes)
 	if err != nil {
 		t.Fatal(err)
@@ -286,33 +288,57 @@ func TestAThreadDoesNotWaitForTheReaderGoroutine(t *testing.T) {
 	}()
 	client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 1}) // the bulk lane opens after it
 	<-received
-	result := make(chan error, 1)
+	type outcome struct {
+		handled []uint64
+		err     error
+	}
+	result := make(chan outcome, 1)
 	go func() {
 		runtime.LockOSThread()
-		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false }, func(*wire.Frame) {})
-		result <- err
+		var handled []uint64
+		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false }, func(f *wire.Frame) { handled = append(handled, f.ID) })
+		result <- outcome{handled, err}
 	}()
 	time.Sleep(50 * time.Millisecond) // the thread is most likely asleep by now
 	// Part of a frame bigger than the bulk ring, then nothing: the goroutine waits for the rest.
 	lane := &client.(*stream).lanes[laneBulk]
-	pieces, total, err := lane.parts.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 7, Payload: make([]byte, 3*MinRingBytes)})
+	payload := make([]byte, 3*MinRingBytes)
+	pieces, total, err := lane.parts.Encode(&wire.Frame{Kind: wire.FrameChunk, ID: 7, Payload: payload})
 	if err != nil {
 		t.Fatal(err)
 	}
+	encoded := bytes.Join(pieces, nil)
 	var prefix [lengthBytes]byte
 	putUint32(prefix[:], uint32(total))
 	lane.out.put(prefix[:])
-	lane.out.put(bytes.Join(pieces, nil)[:1000])
+	lane.out.put(encoded[:1000])
 	lane.out.publish()
 	time.Sleep(50 * time.Millisecond)
 	client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 2}) // rings the thread's doorbell
 	select {
-	case err := <-result:
-		if !errors.Is(err, transport.ErrBusy) {
-			t.Fatalf("err = %v, want transport.ErrBusy", err)
+	case o := <-result:
+		if o.err != nil || !slices.Equal(o.handled, []uint64{2}) {
+			t.Fatalf("the thread handled %v (err %v), want frame 2", o.handled, o.err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the thread waited for the reader goroutine's frame")
+	}
+	// The rest of the big frame, written as the ring makes room.
+	go func() {
+		for rest := encoded[1000:]; len(rest) > 0; {
+			n := min(len(rest), MinRingBytes/2)
+			lane.out.put(rest[:n])
+			lane.out.publish()
+			rest = rest[n:]
+		}
+	}()
+	select {
+	case f := <-received:
+		if f.ID != 7 || len(f.Payload) != len(payload) {
+			t.Fatalf("the reader goroutine got frame %d of %d bytes, want the big frame 7", f.ID, len(f.Payload))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the big frame did not arrive")
 	}
 }
 

@@ -189,7 +189,18 @@ func (s *stream) Recv() (*wire.Frame, error) {
 	if err != nil {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 	}
-	f, err := l.in.readFrame(l.dec, s.sink)
+	var f *wire.Frame
+	if l == &s.lanes[laneBulk] {
+		// A bulk frame is long to read (a lent chunk is copied from the peer's memory, up to a
+		// millisecond): meanwhile a thread reading for itself may take the small lane's frames
+		// (RecvWaiting touches no other), or small calls would wait behind every chunk. Only
+		// Recv reads the bulk lane.
+		s.readMu.Unlock()
+		f, err = l.in.readFrame(l.dec, s.sink)
+		s.readMu.Lock()
+	} else {
+		f, err = l.in.readFrame(l.dec, s.sink)
+	}
 	if err != nil {
 		return nil, s.fail(fmt.Errorf("from %s: %w", s.peer, err))
 	}

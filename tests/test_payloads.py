@@ -100,6 +100,13 @@ def test_a_call_over_two_gib():
     assert mismatched_blocks == [], "these blocks arrived different (first element index of each)"
 
 
+def test_a_big_requests_memory_goes_back_before_its_reply():
+    out = run_world("payloads:request_memory_back_before_reply", 2)[0].value
+    assert out["received"] == ["ndarray"] * 3, out
+    # Its arguments are dropped before the reply leaves: nothing received is still in use.
+    assert out["lent_at_reply"] == [0, 0, 0], out
+
+
 def test_big_arguments_are_sent_in_place_and_big_messages_take_turns():
     out = run_world("payloads:in_place_and_turns", 2)[0].value
     assert out["sent"] == 256 << 20, f"the callee received {out['sent']} bytes of 256 MiB"

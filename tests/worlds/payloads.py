@@ -1,6 +1,7 @@
 """Scenarios for the data plane: payloads of every kind, big calls, size limits."""
 
 import gc
+import threading
 import time
 import warnings
 
@@ -60,6 +61,51 @@ def numpy_cases():
         "object": np.array([{"x": 1}, None, "s"], dtype=object),
     })
     return cases
+
+
+_lent_at_reply = []
+
+
+def _record_lent_at_reply():
+    """Wraps this worker's reply so it records how many received messages its Python still
+    used in place as each reply left."""
+    agent = _agent.require_agent()
+    reply = agent._reply
+
+    def recording(go_request, result):
+        _lent_at_reply.append(agent.lent_messages())
+        reply(go_request, result)
+
+    agent._reply = recording
+    _recording.set()
+
+
+_recording = threading.Event()
+
+
+def lent_at_reply():
+    """What _record_lent_at_reply saw, reply by reply (None before it wraps the reply)."""
+    return list(_lent_at_reply) if _recording.is_set() else None
+
+
+def request_memory_back_before_reply(rank, world_size):
+    """A big request's memory goes back to Go before its reply leaves (the callee drops the
+    arguments first): a caller that sends its next big request at once finds the buffer free."""
+    init(rank, world_size)
+    out = {}
+    if rank == 1:
+        _record_lent_at_reply()
+    if rank == 0:
+        deadline = time.monotonic() + 20
+        while rpc.rpc_sync("worker1", lent_at_reply) is None:  # until worker1 records
+            assert time.monotonic() < deadline, "worker1 never wrapped its reply"
+            time.sleep(0.01)
+        before = len(rpc.rpc_sync("worker1", lent_at_reply))
+        arr = np.ones(8 << 20, dtype=np.uint8)
+        out["received"] = [rpc.rpc_sync("worker1", describe, args=(arr,))[0] for _ in range(3)]
+        out["lent_at_reply"] = rpc.rpc_sync("worker1", lent_at_reply)[before:before + 3]
+    rpc.shutdown()
+    return out
 
 
 def numpy_round_trips(rank, world_size):

@@ -45,8 +45,9 @@ type stream struct {
 	sink wire.ChunkSink
 
 	// readMu is held while a lane is read (by Recv, or a thread in RecvWaiting), never while
-	// its reader sleeps, and not while Recv reads a bulk frame (the bulk lane is Recv's alone). threadWaits says a thread sleeps at the small lane's doorbell: a
-	// frame there wakes it, not the reader goroutine.
+	// its reader sleeps, and not while Recv reads a bulk frame (the bulk lane is Recv's
+	// alone). threadWaits says a thread sleeps at the small lane's doorbell: a frame there
+	// wakes it, not the reader goroutine.
 	readMu      sync.Mutex
 	threadWaits atomic.Bool
 	// heldSmall, under readMu, says Recv returned a small-lane frame its reader has not

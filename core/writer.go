@@ -361,9 +361,12 @@ func (w *frameWriter) release(m *outMessage) {
 		m.finish()
 		return
 	}
+	// Taken now: m's last chunk is the last one sent, and m is not to wait for the next
+	// message's chunks to be read.
+	settled := lending.Settled()
 	go func() {
-		// On an error Settle revoked the loans: the peer reads nothing more of m.
-		_ = lending.Settle()
+		// On an error the wait revoked the loans: the peer reads nothing more of m.
+		_ = settled()
 		m.finish()
 	}()
 }

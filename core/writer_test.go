@@ -309,11 +309,11 @@ func (s *settlingStream) Revoke() { s.note("revoke") }
 
 func (s *settlingStream) ChunkBytes() int { return s.chunkBytes }
 
-func (s *settlingStream) Settle() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.events = append(s.events, "settle")
-	return nil
+func (s *settlingStream) Settled() func() error {
+	return func() error {
+		s.note("settle")
+		return nil
+	}
 }
 
 func (s *settlingStream) note(event string) {
@@ -394,7 +394,7 @@ func TestBigMessageIsGivenBackAfterSettling(t *testing.T) {
 }
 
 // holdingStream is a Lending stream whose peer holds what was lent until the stream is
-// closed (a frozen peer), unless reads is set (a peer that runs: Settle returns at once).
+// closed (a frozen peer), unless reads is set (a peer that runs: the settle wait returns at once).
 type holdingStream struct {
 	recordingStream
 	reads     bool
@@ -402,12 +402,14 @@ type holdingStream struct {
 	closed    chan struct{}
 }
 
-func (s *holdingStream) Settle() error {
-	if s.reads {
-		return nil
+func (s *holdingStream) Settled() func() error {
+	return func() error {
+		if s.reads {
+			return nil
+		}
+		<-s.closed
+		return errors.New("the stream ended")
 	}
-	<-s.closed
-	return errors.New("the stream ended")
 }
 func (s *holdingStream) Revoke()         {}
 func (s *holdingStream) ChunkBytes() int { return 0 }

@@ -112,7 +112,8 @@ def test_big_arguments_are_sent_in_place_and_big_messages_take_turns():
     assert out["sent"] == 256 << 20, f"the callee received {out['sent']} bytes of 256 MiB"
     # A copy at the boundary would add 256 MiB (262144 KiB) to the peak.
     assert out["peak_growth_kib"] < 64 << 10, f"the caller's peak RSS grew by {out['peak_growth_kib']} KiB sending 256 MiB"
-    assert out["completed_in_order"] == ["8 MiB", "48 MiB"], "the 8 MiB call waited for the whole 48 MiB one"
+    assert out["results"] == [48 << 20, 8 << 20], out
+    assert out["arrived"] == ["8 MiB", "48 MiB"], "the 8 MiB call waited for the whole 48 MiB one"
 
 
 def test_the_default_size_limit_is_4_gib():

@@ -44,13 +44,15 @@ type Laned interface {
 
 // Lending is implemented by streams whose peer may read a sent frame's big byte strings from
 // the sender's memory after Send returns (shared memory between processes, read across them):
-// the sender keeps the memory of a big message's chunks unchanged until Settle returns, or
-// until it has called Revoke.
+// the sender keeps the memory of a big message's chunks unchanged until the wait Settled gave
+// returns, or until it has called Revoke.
 type Lending interface {
 	Stream
-	// Settle returns once the peer has read every chunk sent so far; if it cannot (the stream
-	// ended: the error says why), it revokes what was lent before it returns.
-	Settle() error
+	// Settled returns at once a wait that returns once the peer has read every chunk sent
+	// before Settled was called (not those sent after: a message's memory is not held for the
+	// next one's chunks); if it cannot (the stream ended: the error says why), the wait revokes
+	// what was lent before it returns.
+	Settled() (wait func() error)
 	// Revoke takes back everything lent: the peer discards a frame it read from lent memory
 	// from now on (and ends the stream), so the memory may be reused at once. For a stream
 	// that is ending.

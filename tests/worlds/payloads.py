@@ -1,6 +1,8 @@
 """Scenarios for the data plane: payloads of every kind, big calls, size limits."""
 
 import gc
+import os
+import signal
 import threading
 import time
 import warnings
@@ -273,39 +275,44 @@ def nbytes(x):
     return x.nbytes
 
 
+_arrived = []
+
+
+def nbytes_in_turn(x):
+    """nbytes, noting the order the calls came in (one serving thread: the order they were
+    received in)."""
+    _arrived.append(f"{x.nbytes >> 20} MiB")
+    return x.nbytes
+
+
+def arrived():
+    return list(_arrived)
+
+
 def in_place_and_turns(rank, world_size):
     """A 256 MiB argument is sent from its own memory: the caller's peak RSS does not grow by
     a copy of it. Big calls within the interleave window (64 MiB) take turns: an 8 MiB call
-    made just after a 48 MiB one to the same worker completes first."""
-    init(rank, world_size)
+    made just after a 48 MiB one to the same worker is received first."""
+    init(rank, world_size, num_worker_threads=1)
     out = {}
     if rank == 0:
         big = np.ones(256 << 20, dtype=np.uint8)  # written: its pages count in the RSS already
         before = peak_rss_kib()
         out["sent"] = rpc.rpc_sync("worker1", nbytes, args=(big,))
         out["peak_growth_kib"] = peak_rss_kib() - before
-        order = []
-        lock = __import__("threading").Lock()
-
-        def done(name):
-            def record(_):
-                with lock:
-                    order.append(name)
-            return record
-
-        # Made before the first call: over shared memory 48 MiB go in about 5 ms, about the
-        # time it takes to fill 8 MiB, so the second call would come after the first was read.
+        # The callee is frozen while both calls are queued: 48 MiB go in about 5 ms, so
+        # otherwise a slow moment in making the second call would let the first one finish.
+        callee = rpc.rpc_sync("worker1", os.getpid)
         small = np.ones(8 << 20, dtype=np.uint8)
-        first = rpc.rpc_async("worker1", nbytes, args=(big[: 48 << 20],))
-        first.add_done_callback(done("48 MiB"))
-        second = rpc.rpc_async("worker1", nbytes, args=(small,))
-        second.add_done_callback(done("8 MiB"))
-        first.wait()
-        second.wait()
-        deadline = time.monotonic() + 10
-        while len(order) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # callbacks run on the agent's thread
-        out["completed_in_order"] = list(order)
+        os.kill(callee, signal.SIGSTOP)
+        try:
+            first = rpc.rpc_async("worker1", nbytes_in_turn, args=(big[: 48 << 20],))
+            second = rpc.rpc_async("worker1", nbytes_in_turn, args=(small,))
+            time.sleep(0.1)  # the writer lends what the window holds of the first one
+        finally:
+            os.kill(callee, signal.SIGCONT)
+        out["results"] = [first.wait(), second.wait()]
+        out["arrived"] = rpc.rpc_sync("worker1", arrived)
     rpc.shutdown()
     return out
 

@@ -20,7 +20,7 @@ import (
 // whose big byte strings it lends (their addresses in its own memory) and the consumer copies
 // them straight from the producer's memory into where they go (process_vm_readv, as
 // TensorPipe's CMA channel does): one copy end to end instead of two. The producer keeps the
-// memory unchanged until the consumer releases the ring past the frame (stream.Settle).
+// memory unchanged until the consumer releases the ring past the frame (stream.Settled).
 //
 // A consumer reads a producer only after it has proved it can: at the handshake it writes
 // random bytes into the shared region and reads them back from the producer's mapping of it
@@ -303,10 +303,10 @@ func (w *ringWriter) awaitLendingRoom(n int) error {
 	}
 }
 
-// settle waits until the consumer has released the ring past the last frame that lent memory.
-// It touches only the shared control block and lentTo: it may run beside a write.
-func (w *ringWriter) settle() error {
-	lentTo := w.lentTo.Load()
+// settle waits until the consumer has released the ring up to lentTo (a value lentTo had: the
+// end of a frame that lent memory). It touches only the shared control block: it may run
+// beside a write.
+func (w *ringWriter) settle(lentTo uint64) error {
 	for {
 		tail := w.r.ctrl.tail.Load()
 		if tail >= lentTo {

@@ -89,8 +89,40 @@ func TestBigChunksAreLentNotCopiedIntoTheRing(t *testing.T) {
 	}
 }
 
+// TestASettleWaitIsForTheChunksSentBeforeIt: a message's memory is given back once the peer read
+// its own chunks, not the next message's sent meanwhile (the writer goes on lending while a
+// message settles; an 8 MiB call queued behind a 48 MiB one waited for all of it).
+func TestASettleWaitIsForTheChunksSentBeforeIt(t *testing.T) {
+	client, server := lendingPair(t, true)
+	send := func(id uint64) {
+		t.Helper()
+		if err := client.Send(&wire.Frame{Kind: wire.FrameChunk, ID: id, Payload: make([]byte, 256<<10)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(1)
+	wait := client.Settled()
+	send(2)
+	if f, err := server.Recv(); err != nil || f.ID != 1 {
+		t.Fatalf("read %v, %v; want chunk 1", f, err)
+	}
+	settled := make(chan error, 1)
+	go func() { settled <- wait() }()
+	select {
+	case err := <-settled:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the wait for chunk 1 still waits 2 s after it was read: it waits for chunk 2, sent after it")
+	}
+	if _, err := server.Recv(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLentMemoryIsHeldUntilSettled: after Send, the receiver reads the chunk from the sender's
-// memory when it gets to it, so Settle waits for that, and a sender that changed the memory
+// memory when it gets to it, so the settle wait waits for that, and a sender that changed the memory
 // before then would change what arrives.
 func TestLentMemoryIsHeldUntilSettled(t *testing.T) {
 	client, server := lendingPair(t, true)
@@ -99,10 +131,10 @@ func TestLentMemoryIsHeldUntilSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	settled := make(chan error, 1)
-	go func() { settled <- client.Settle() }()
+	go func() { settled <- client.Settled()() }()
 	select {
 	case err := <-settled:
-		t.Fatalf("Settle returned (%v) before the receiver read the chunk", err)
+		t.Fatalf("the settle wait returned (%v) before the receiver read the chunk", err)
 	case <-time.After(50 * time.Millisecond):
 	}
 	copy(data, "changed")
@@ -119,7 +151,7 @@ func TestLentMemoryIsHeldUntilSettled(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(2 * time.Second):
-		t.Fatal("Settle still waits 2 s after the receiver read the chunk")
+		t.Fatal("the settle wait still waits 2 s after the receiver read the chunk")
 	}
 }
 

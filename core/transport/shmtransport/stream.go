@@ -139,18 +139,22 @@ func (s *stream) Send(f *wire.Frame) error {
 	return nil
 }
 
-// Settle implements transport.Lending: it returns once the peer has read every chunk sent so
-// far, from the ring or from this process's memory.
-func (s *stream) Settle() error {
-	if !s.enter() {
-		return s.ended()
+// Settled implements transport.Lending: the wait returns once the peer has read every chunk
+// sent so far, from the ring or from this process's memory.
+func (s *stream) Settled() func() error {
+	out := &s.lanes[laneBulk].out
+	lentTo := out.lentTo.Load()
+	return func() error {
+		if !s.enter() {
+			return s.ended()
+		}
+		defer s.leave()
+		// The wait holds no lock: the writer goes on sending while an earlier message settles.
+		if err := out.settle(lentTo); err != nil {
+			return s.fail(err) // closing revokes what was lent
+		}
+		return nil
 	}
-	defer s.leave()
-	// The wait holds no lock: the writer goes on sending while an earlier message settles.
-	if err := s.lanes[laneBulk].out.settle(); err != nil {
-		return s.fail(err) // closing revokes what was lent
-	}
-	return nil
 }
 
 // Revoke implements transport.Lending.
@@ -514,7 +518,7 @@ func (s *stream) Close() error {
 	// The reason goes first: a Send or Recv refused from now on must find it.
 	closedErr := error(transport.ErrClosed)
 	s.gone.CompareAndSwap(nil, &closedErr)
-	// Before anyone can find the stream closed (Settle, then give lent memory back).
+	// Before anyone can find the stream closed (a settle wait, then give lent memory back).
 	s.revoke()
 	s.closed = true
 	s.users++ // this Close uses the region to wake a waiting producer

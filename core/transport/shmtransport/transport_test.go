@@ -183,7 +183,7 @@ func TestClosedPeerFailsBlockedCalls(t *testing.T) {
 			if s.(*stream).lanes[laneBulk].out.lentTo.Load() == 0 {
 				return errors.New("the chunk was not lent")
 			}
-			return s.(transport.Lending).Settle()
+			return s.(transport.Lending).Settled()()
 		}},
 	}
 	for _, c := range cases {

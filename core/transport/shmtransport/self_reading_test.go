@@ -394,3 +394,103 @@ func TestAThreadReadsPastABigFrameRecvHolds(t *testing.T) {
 		t.Fatalf("RecvWaiting: handled %v, frame %v, err %v; want frame 2", handled, got, err)
 	}
 }
+
+// TestASpinningThreadCostsTheProducerNoWakeUp: a thread that has just begun to wait polls the
+// small lane for a while before it sleeps at the doorbell, so a frame sent meanwhile reaches it
+// without the producer ringing anything.
+func TestASpinningThreadCostsTheProducerNoWakeUp(t *testing.T) {
+	defer func(d time.Duration) { spinWait = d }(spinWait)
+	spinWait = 5 * time.Second
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bell := &server.(*stream).lanes[laneSmall].in.r.ctrl.doorbell
+	rungBefore := bell.Load()
+	got := make(chan *wire.Frame, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false }, func(f *wire.Frame) { got <- f })
+		if err != nil {
+			t.Error(err)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the thread is polling by now (were it not, it would read the frame at once)
+	if err := client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 9, Payload: []byte("reply")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case f := <-got:
+		if f.ID != 9 {
+			t.Fatalf("got frame %d, want 9", f.ID)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the polling thread did not get the frame within 3 s")
+	}
+	if rung := bell.Load() - rungBefore; rung != 0 {
+		t.Fatalf("the producer rang the doorbell %d times for a thread that was polling", rung)
+	}
+}
+
+// TestFramesThatCameWhileAThreadPolledReachRecv: frames written while a thread polled woke no
+// one; those it leaves in the ring (it reads one) wake the reader goroutine.
+func TestFramesThatCameWhileAThreadPolledReachRecv(t *testing.T) {
+	defer func(d time.Duration) { spinWait = d }(spinWait)
+	spinWait = 5 * time.Second
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := make(chan *wire.Frame, 4)
+	go func() {
+		for {
+			f, err := server.Recv()
+			if err != nil {
+				return
+			}
+			received <- f
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the reader goroutine sleeps on the socket
+	polling, sent := make(chan struct{}), make(chan struct{})
+	calls := 0
+	stop := func() bool {
+		calls++
+		if calls == 2 { // the first look while polling: both frames come now
+			close(polling)
+			<-sent
+		}
+		return false
+	}
+	handled := make(chan uint64, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if _, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, stop, func(f *wire.Frame) { handled <- f.ID }); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-polling:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the thread did not poll")
+	}
+	for id := uint64(1); id <= 2; id++ {
+		if err := client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: id, Payload: []byte("reply")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(sent)
+	if id := <-handled; id != 1 {
+		t.Fatalf("the thread handled frame %d, want 1", id)
+	}
+	select {
+	case f := <-received:
+		if f.ID != 2 {
+			t.Fatalf("Recv got frame %d, want 2", f.ID)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the frame the thread left in the ring did not reach Recv within 3 s")
+	}
+}

@@ -141,3 +141,16 @@ def test_errors_that_cannot_travel_as_themselves(tmp_path):
            for how, case in (("rpc_sync", "result_unloadable_here"), ("rpc_async", "result_unloadable_here_async"))},
         "the callee keeps serving after all of these": lambda o: o["still_serving"] == 3,
     })
+
+
+def test_torch_waits_on_call_futures_that_no_thread_of_ours_settles():
+    # An hour's delay: torch's waits complete only if they ask for the event at once.
+    out = run_world("basic:torch_waits", 2, args=["3600000", "0"])[0].value
+    assert out["wait_all"] == [i + 100 for i in range(64)], out
+    assert out["collect_all"] == [i + 200 for i in range(8)], out
+    assert out["jit_wait"] == 3, out
+
+
+def test_a_call_future_no_one_waits_on_fills_its_torch_state():
+    out = run_world("basic:torch_waits", 2, args=["10", "20"])[0].value
+    assert out["unwaited"] == 7, "torch's state of a future no one waited on was still empty after 20 s"

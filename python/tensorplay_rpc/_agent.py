@@ -186,6 +186,7 @@ class _CallFuture(Future[Any]):
         self.timed_out = False  # set once the call failed for want of an answer in time
         self._go_call: Any = None
         self._notify_id = 0  # set once a callback asks for the completion event
+        self._notify_later = False  # it was asked for with NotifyLater
         # A big request is sent from its buffers in place: they live until the call is done.
         self._table: Optional[SegmentTable] = None
         self._settle_lock = threading.Lock()
@@ -195,24 +196,37 @@ class _CallFuture(Future[Any]):
         self._go_call, self._table = go_call, table
         if is_torch_future(self):
             # torch's functions wait on the torch state, which only settling fills: the event
-            # thread settles the call even if no Python thread waits for it here.
-            self._notify_when_done()
+            # thread settles the call if no Python thread here has settled it soon after it
+            # completed (torch's waits that tensorplay_rpc sees ask for it at once).
+            self._notify_when_done(later=True)
 
     def add_done_callback(self, callback: Callable[[Future[Any]], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
         super().add_done_callback(callback)
         self._notify_when_done()
 
-    def _notify_when_done(self) -> None:
-        """Have the event thread settle the call once it completes."""
+    def _before_torch_wait(self, blocking: bool) -> None:
+        """A torch function is about to wait on this future's torch state (see Future)."""
+        if blocking:
+            super()._before_torch_wait(blocking)
+        else:
+            self._notify_when_done()
+
+    def _notify_when_done(self, later: bool = False) -> None:
+        """Have the event thread settle the call once it completes (with ``later``, only if no
+        thread has settled it a while after)."""
         with self._settle_lock:
             go_call = self._go_call
-            if go_call is None or self._notify_id:
+            if go_call is None or (self._notify_id and (later or not self._notify_later)):
                 return
-            self._notify_id = next(self._agent._notify_ids)
-        with self._agent._pending_lock:
-            self._agent._pending[self._notify_id] = self
-        go_call.Notify(self._notify_id)
+            first = not self._notify_id
+            if first:
+                self._notify_id = next(self._agent._notify_ids)
+            self._notify_later = later
+        if first:
+            with self._agent._pending_lock:
+                self._agent._pending[self._notify_id] = self
+        (go_call.NotifyLater if later else go_call.Notify)(self._notify_id)
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import logging
@@ -34,6 +35,34 @@ def use_torch_futures() -> None:
     global _torch_future
     if "torch" in sys.modules and _torch_future is None:
         _torch_future = importlib.import_module("torch.futures").Future
+        _hook_torch_waits(importlib.import_module("torch._C"))
+
+
+# The functions of torch._C through which torch waits on futures' torch state: what
+# torch.futures.collect_all and wait_all call (with a list; it returns at once) and what
+# torch.jit.wait calls (with one future; it blocks holding the GIL).
+_TORCH_WAITS = {"_collect_all": False, "wait": True}
+
+
+def _hook_torch_waits(torch_c: Any) -> None:
+    """Have torch's functions that wait on futures tell ours first (``_before_torch_wait``): a
+    call's future fills its torch state only when settled, which a thread of ours usually does
+    itself, so the event thread settles it only a while after it completes unless asked."""
+    for name, blocking in _TORCH_WAITS.items():
+        original = getattr(torch_c, name, None)
+        if original is None or getattr(original, "_tensorplay_rpc_hook", False):
+            continue
+
+        def hooked(arg: Any, *rest: Any, _original: Any = original, _blocking: bool = blocking) -> Any:
+            for future in ((arg,) if _blocking else arg):
+                before = getattr(future, "_before_torch_wait", None)
+                if before is not None:
+                    before(_blocking)
+            return _original(arg, *rest)
+
+        hooked._tensorplay_rpc_hook = True  # type: ignore[attr-defined]
+        hooked.__doc__ = original.__doc__
+        setattr(torch_c, name, hooked)
 
 
 def _torch_flavour(cls: type, torch_future: Any) -> type:
@@ -118,6 +147,14 @@ class Future(Generic[T]):
     def done(self) -> bool:
         """Whether the future has a result or an exception."""
         return self._done
+
+    def _before_torch_wait(self, blocking: bool) -> None:
+        """A torch function is about to wait on this future's torch state. One that blocks
+        holding the GIL (torch.jit.wait) would wait forever for a completion that needs it, so
+        the future is completed here first; torch's function then raises its error, if any."""
+        if blocking and not self._done:
+            with contextlib.suppress(Exception):
+                self.wait()
 
     def wait(self) -> T:
         """Block until the future completes; return its value or raise its exception."""

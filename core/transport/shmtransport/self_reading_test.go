@@ -399,12 +399,11 @@ func TestAThreadReadsPastABigFrameRecvHolds(t *testing.T) {
 // small lane for a while before it sleeps at the doorbell, so a frame sent meanwhile reaches it
 // without the producer ringing anything.
 func TestASpinningThreadCostsTheProducerNoWakeUp(t *testing.T) {
-	defer func(d time.Duration) { spinWait = d }(spinWait)
-	spinWait = 5 * time.Second
 	client, server, err := pair(t, "tok", "tok", MinRingBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
+	server.(*stream).threadPoll = 5 * time.Second
 	bell := &server.(*stream).lanes[laneSmall].in.r.ctrl.doorbell
 	rungBefore := bell.Load()
 	got := make(chan *wire.Frame, 1)
@@ -436,12 +435,12 @@ func TestASpinningThreadCostsTheProducerNoWakeUp(t *testing.T) {
 // TestFramesThatCameWhileAThreadPolledReachRecv: frames written while a thread polled woke no
 // one; those it leaves in the ring (it reads one) wake the reader goroutine.
 func TestFramesThatCameWhileAThreadPolledReachRecv(t *testing.T) {
-	defer func(d time.Duration) { spinWait = d }(spinWait)
-	spinWait = 5 * time.Second
 	client, server, err := pair(t, "tok", "tok", MinRingBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
+	server.(*stream).threadPoll = 5 * time.Second
+	server.(*stream).readerPoll = 0 // it sleeps on the socket: only a kick wakes it
 	received := make(chan *wire.Frame, 4)
 	go func() {
 		for {
@@ -492,5 +491,42 @@ func TestFramesThatCameWhileAThreadPolledReachRecv(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("the frame the thread left in the ring did not reach Recv within 3 s")
+	}
+}
+
+// TestAPollingReaderAsksForNoWakeUp: the reader goroutine with nothing to read polls the rings
+// before it asks for a wake-up byte, so a frame that comes meanwhile costs the producer none.
+func TestAPollingReaderAsksForNoWakeUp(t *testing.T) {
+	client, server, err := pair(t, "tok", "tok", MinRingBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server.(*stream).readerPoll = 5 * time.Second
+	received := make(chan *wire.Frame, 1)
+	go func() {
+		f, err := server.Recv()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		received <- f
+	}()
+	ctrl := server.(*stream).lanes[laneSmall].in.r.ctrl
+	for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); {
+		if how := ctrl.readerAsleep.Load(); how != 0 {
+			t.Fatalf("the reader asked for a wake-up (%d) while it should poll", how)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 4, Payload: []byte("reply")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case f := <-received:
+		if f.ID != 4 {
+			t.Fatalf("got frame %d, want 4", f.ID)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the polling reader did not get the frame within 3 s")
 	}
 }

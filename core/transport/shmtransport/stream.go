@@ -50,6 +50,9 @@ type stream struct {
 	// wakes it, not the reader goroutine.
 	readMu      sync.Mutex
 	threadWaits atomic.Bool
+	// threadPoll and readerPoll are how long a thread reading for itself and the reader
+	// goroutine poll the rings before they sleep (spinWait; tests set them apart).
+	threadPoll, readerPoll time.Duration
 	// heldSmall, under readMu, says Recv returned a small-lane frame its reader has not
 	// handled yet (it has not called Recv again): a thread must not read the next one, which
 	// it would handle first. A bulk-lane frame held up (a big message waiting for memory)
@@ -95,7 +98,7 @@ func (s *stream) Identity() transport.PeerIdentity {
 // lender is the peer's process if this side reads what it lends (nil: it does not), which the
 // stream then owns.
 func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, lender *lender, peer string) *stream {
-	s := &stream{conn: conn, mem: mem, lender: lender, peer: peer, done: make(chan struct{})}
+	s := &stream{conn: conn, mem: mem, lender: lender, peer: peer, done: make(chan struct{}), threadPoll: spinWait, readerPoll: spinWait}
 	for i := range s.lanes {
 		l := &s.lanes[i]
 		l.out = ringWriter{r: ringAt(mem, i, out, ringBytes), wake: s.wakePeer, broken: s.broken}
@@ -217,6 +220,7 @@ func (s *stream) Recv() (*wire.Frame, error) {
 // readyLane waits until a lane has a frame to read and returns it. It holds readMu but while
 // it sleeps.
 func (s *stream) readyLane() (*lane, error) {
+	polled := false
 	for {
 		if err := s.goneErr(); err != nil {
 			return nil, err
@@ -231,6 +235,28 @@ func (s *stream) readyLane() (*lane, error) {
 				s.next = 1 - i
 				return &s.lanes[i], nil
 			}
+		}
+		if !polled {
+			// In a burst the next frame is tens of microseconds away: poll for it (spinWait)
+			// before asking for a wake-up byte, which costs the producer a system call and
+			// this goroutine a reschedule. Without readMu: a thread may read for itself.
+			polled = true
+			var seen [len(s.lanes)]uint64
+			for i := range s.lanes {
+				s.lanes[i].in.release()
+				seen[i] = s.lanes[i].in.head
+			}
+			s.readMu.Unlock()
+			s.poll(s.readerPoll, func() bool {
+				for i := range s.lanes {
+					if s.lanes[i].in.r.ctrl.head.Load() != seen[i] {
+						return true
+					}
+				}
+				return false
+			}, func() bool { return false })
+			s.readMu.Lock()
+			continue
 		}
 		// Nothing whole on either lane: give back all room (a producer may wait for it), ask
 		// for a wake-up byte (the small lane rings the doorbell instead while a thread waits
@@ -341,7 +367,7 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool, handle func(*wir
 		}
 		if !spun {
 			spun = true
-			if s.spinFor(in, min(left, spinWait), stop) {
+			if s.spinFor(in, min(left, s.threadPoll), stop) {
 				// Frames that came while it polled woke no one: the reader goroutine is
 				// kicked for those this thread leaves in the ring.
 				askedForWakeUps = true
@@ -374,12 +400,13 @@ func (s *stream) RecvWaiting(d time.Duration, stop func() bool, handle func(*wir
 	}
 }
 
-// spinWait is how long a thread reading for itself polls the small lane before it sleeps at
-// the doorbell: in a burst of calls, or a reply's round trip, the next frame comes within tens
-// of microseconds, and a futex wake-up costs the peer a system call and this thread a
-// reschedule (on a VM an interrupt to another CPU: 10-30 us). A thread waits here only right
-// after a call or a request, so an idle worker never polls.
-var spinWait = 50 * time.Microsecond
+// spinWait is how long a reader polls the rings before it sleeps: a thread reading for itself,
+// before it sleeps at the doorbell, and the reader goroutine, before it sleeps on the socket.
+// In a burst of calls, or a reply's round trip, the next frame comes within tens of
+// microseconds, and a wake-up costs the peer a system call and the reader a reschedule (on a
+// VM an interrupt to another CPU: 10-30 us). A reader polls only once it has read something,
+// so an idle worker never polls.
+const spinWait = 50 * time.Microsecond
 
 // spinFor polls the small lane for up to d, yielding the CPU between looks, and reports
 // whether a frame came. Meanwhile the lane asks for no wake-up: a producer that writes sees no
@@ -391,18 +418,23 @@ func (s *stream) spinFor(in *ringReader, d time.Duration, stop func() bool) bool
 	}
 	ctrl := in.r.ctrl
 	ctrl.readerAsleep.Store(0)
-	came := false
-	for start := time.Now(); time.Since(start) < d && !stop() && s.goneErr() == nil; {
-		if in.changed() {
-			came = true
-			break
-		}
-		_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	}
+	came := s.poll(d, in.changed, stop)
 	// The reader goroutine may sleep on the socket: small frames wake it again, and one that
 	// came as this stored the flag is read by the loop.
 	ctrl.readerAsleep.Store(readerOnSocket)
 	return came || in.changed()
+}
+
+// poll reports whether came() turned true within d, looking until stop() does or the stream
+// ends, and yielding the CPU between looks (on two cores the peer may need this one).
+func (s *stream) poll(d time.Duration, came, stop func() bool) bool {
+	for start := time.Now(); time.Since(start) < d && !stop() && s.goneErr() == nil; {
+		if came() {
+			return true
+		}
+		_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+	return false
 }
 
 // readWhole reads the small lane's next frame, which peek found whole in the ring, as a

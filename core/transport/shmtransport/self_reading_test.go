@@ -276,16 +276,7 @@ func TestAThreadReadsSmallFramesWhileRecvReadsABigOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	received := make(chan *wire.Frame, 8)
-	go func() {
-		for {
-			f, err := server.Recv()
-			if err != nil {
-				return
-			}
-			received <- f
-		}
-	}()
+	received := receiving(server, 8)
 	client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 1}) // the bulk lane opens after it
 	<-received
 	type outcome struct {
@@ -419,14 +410,7 @@ func TestASpinningThreadCostsTheProducerNoWakeUp(t *testing.T) {
 	if err := client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 9, Payload: []byte("reply")}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case f := <-got:
-		if f.ID != 9 {
-			t.Fatalf("got frame %d, want 9", f.ID)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("the polling thread did not get the frame within 3 s")
-	}
+	expectFrame(t, got, 9, "the polling thread")
 	if rung := bell.Load() - rungBefore; rung != 0 {
 		t.Fatalf("the producer rang the doorbell %d times for a thread that was polling", rung)
 	}
@@ -441,16 +425,7 @@ func TestFramesThatCameWhileAThreadPolledReachRecv(t *testing.T) {
 	}
 	server.(*stream).threadPoll = 5 * time.Second
 	server.(*stream).readerPoll = 0 // it sleeps on the socket: only a kick wakes it
-	received := make(chan *wire.Frame, 4)
-	go func() {
-		for {
-			f, err := server.Recv()
-			if err != nil {
-				return
-			}
-			received <- f
-		}
-	}()
+	received := receiving(server, 4)
 	time.Sleep(50 * time.Millisecond) // the reader goroutine sleeps on the socket
 	polling, sent := make(chan struct{}), make(chan struct{})
 	calls := 0
@@ -484,14 +459,7 @@ func TestFramesThatCameWhileAThreadPolledReachRecv(t *testing.T) {
 	if id := <-handled; id != 1 {
 		t.Fatalf("the thread handled frame %d, want 1", id)
 	}
-	select {
-	case f := <-received:
-		if f.ID != 2 {
-			t.Fatalf("Recv got frame %d, want 2", f.ID)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("the frame the thread left in the ring did not reach Recv within 3 s")
-	}
+	expectFrame(t, received, 2, "Recv, after the thread left it in the ring,")
 }
 
 // TestAPollingReaderAsksForNoWakeUp: the reader goroutine with nothing to read polls the rings
@@ -521,12 +489,34 @@ func TestAPollingReaderAsksForNoWakeUp(t *testing.T) {
 	if err := client.Send(&wire.Frame{Kind: wire.FrameResponse, ID: 4, Payload: []byte("reply")}); err != nil {
 		t.Fatal(err)
 	}
+	expectFrame(t, received, 4, "the polling reader")
+}
+
+// expectFrame fails the test unless frame id comes on frames within 3 s; who names the reader.
+func expectFrame(t *testing.T, frames <-chan *wire.Frame, id uint64, who string) {
+	t.Helper()
 	select {
-	case f := <-received:
-		if f.ID != 4 {
-			t.Fatalf("got frame %d, want 4", f.ID)
+	case f := <-frames:
+		if f.ID != id {
+			t.Fatalf("%s got frame %d, want %d", who, f.ID, id)
 		}
 	case <-time.After(3 * time.Second):
-		t.Fatal("the polling reader did not get the frame within 3 s")
+		t.Fatalf("%s did not get frame %d within 3 s", who, id)
 	}
+}
+
+// receiving calls s.Recv until it fails, sending each frame on the channel it returns (of
+// capacity n).
+func receiving(s transport.Stream, n int) <-chan *wire.Frame {
+	frames := make(chan *wire.Frame, n)
+	go func() {
+		for {
+			f, err := s.Recv()
+			if err != nil {
+				return
+			}
+			frames <- f
+		}
+	}()
+	return frames
 }

@@ -27,6 +27,7 @@ type Call struct {
 	later     bool // the event may wait for settleLater (NotifyLater)
 	completed bool
 	settled   bool // a Wait reported the call done: Python takes the outcome itself
+	posted    bool // the completion event went out
 	waiters   int  // threads in Wait
 	eventOwed bool // the call completed while a thread waited; no event went out
 }
@@ -58,9 +59,11 @@ func (c *Call) Wait(timeoutMs int, interruptible bool) bool {
 	if done {
 		c.settled = true
 	}
+	c.posted = c.posted || owed
+	notifyID := c.notifyID
 	c.notifyMu.Unlock()
 	if owed { // the call completed while this thread waited, but it gave up first
-		c.postDone()
+		c.postDone(notifyID)
 	}
 	return done
 }
@@ -72,10 +75,11 @@ func (c *Call) Notify(notifyID int64) {
 	c.notifyID = notifyID
 	wasLater := c.later
 	c.later = false
-	post := c.completed && !(wasLater && c.settled)
+	post := c.completed && !c.posted && !(wasLater && c.settled)
+	c.posted = c.posted || post
 	c.notifyMu.Unlock()
 	if post {
-		c.postDone()
+		c.postDone(notifyID)
 	}
 }
 
@@ -92,19 +96,20 @@ func (c *Call) NotifyLater(notifyID int64) {
 	completed := c.completed
 	c.notifyMu.Unlock()
 	if completed {
-		c.postLater()
+		c.postLater(notifyID)
 	}
 }
 
 // postLater posts the completion event settleLater from now unless the call is settled or
 // Notify posted it meanwhile.
-func (c *Call) postLater() {
+func (c *Call) postLater(notifyID int64) {
 	time.AfterFunc(settleLater, func() {
 		c.notifyMu.Lock()
-		post := c.later && !c.settled
+		post := c.later && !c.settled && !c.posted
+		c.posted = c.posted || post
 		c.notifyMu.Unlock()
 		if post {
-			c.postDone()
+			c.postDone(notifyID)
 		}
 	})
 }
@@ -199,30 +204,33 @@ func (a *Agent) Call(to int, method string, table uintptr, nseg int, borrow bool
 		cancel()
 		c.notifyMu.Lock()
 		c.completed = true
-		notify := c.notifyID > 0 && c.waiters == 0
+		notifyID := c.notifyID
+		notify := notifyID > 0 && c.waiters == 0
 		later := c.later
-		c.eventOwed = c.notifyID > 0 && c.waiters > 0
+		c.posted = c.posted || (notify && !later)
+		c.eventOwed = notifyID > 0 && c.waiters > 0
 		c.notifyMu.Unlock()
 		switch {
 		case notify && later:
-			c.postLater()
+			c.postLater(notifyID)
 		case notify:
-			c.postDone()
+			c.postDone(notifyID)
 		}
 		c.done.fire()
 	})
 	return c, nil
 }
 
-// postDone queues the call's completion event, once its request's memory is no longer read.
-func (c *Call) postDone() {
+// postDone queues the call's completion event (notifyID, read under notifyMu), once its
+// request's memory is no longer read.
+func (c *Call) postDone(notifyID int64) {
 	select {
 	case <-c.future.Sent():
-		c.agent.post(&Event{kind: EventCallDone, notifyID: c.notifyID})
+		c.agent.post(&Event{kind: EventCallDone, notifyID: notifyID})
 	default: // a big request still being given up on: tell Python once it is
 		go func() {
 			<-c.future.Sent()
-			c.agent.post(&Event{kind: EventCallDone, notifyID: c.notifyID})
+			c.agent.post(&Event{kind: EventCallDone, notifyID: notifyID})
 		}()
 	}
 }

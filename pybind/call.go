@@ -73,9 +73,8 @@ func (c *Call) Wait(timeoutMs int, interruptible bool) bool {
 func (c *Call) Notify(notifyID int64) {
 	c.notifyMu.Lock()
 	c.notifyID = notifyID
-	wasLater := c.later
 	c.later = false
-	post := c.completed && !c.posted && !(wasLater && c.settled)
+	post := c.completed && !c.posted && !c.settled
 	c.posted = c.posted || post
 	c.notifyMu.Unlock()
 	if post {
@@ -100,12 +99,12 @@ func (c *Call) NotifyLater(notifyID int64) {
 	}
 }
 
-// postLater posts the completion event settleLater from now unless the call is settled or
-// Notify posted it meanwhile.
+// postLater posts the completion event settleLater from now unless a thread settled the call
+// or Notify posted the event meanwhile.
 func (c *Call) postLater(notifyID int64) {
 	time.AfterFunc(settleLater, func() {
 		c.notifyMu.Lock()
-		post := c.later && !c.settled && !c.posted
+		post := !c.settled && !c.posted
 		c.posted = c.posted || post
 		c.notifyMu.Unlock()
 		if post {

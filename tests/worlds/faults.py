@@ -8,7 +8,7 @@ import numpy as np
 
 import tensorplay_rpc as rpc
 
-from .common import Sleeper, add, init, options, set_done, shm_mappings, sleeping_now, slow, wait_done, wait_for_file
+from .common import Sleeper, add, error_of, init, options, set_done, shm_mappings, sleeping_now, slow, wait_done, wait_for_file
 
 
 def try_init(rank, world_size, name=None, rank_override=None, rpc_timeout="3"):
@@ -224,11 +224,7 @@ def big_call_to_frozen(rank, world_size, ready_file, frozen_file, failed_file, n
         start = time.monotonic()
         fut = rpc.rpc_async("worker1", _sum_first, args=(arr,), timeout=2)
         out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
-        try:
-            fut.wait()
-            out["error"] = None
-        except RuntimeError as exc:
-            out["error"] = str(exc)
+        _, out["error"] = error_of(fut.wait)
         out["failed_after"] = time.monotonic() - start
         arr[:] = 2  # the memory is ours again
         with open(failed_file, "w") as f:

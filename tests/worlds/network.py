@@ -7,7 +7,7 @@ import time
 import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 
-from .common import add, init, set_done, wait_done, wait_for_file, wait_until
+from .common import add, error_of, init, set_done, wait_done, wait_for_file, wait_until
 
 _held = None
 
@@ -50,11 +50,7 @@ def link_cut(rank, world_size, ready_file, cut_file, healed_file):
         start = time.monotonic()
         fut = rpc.rpc_async("worker1", add, args=(1, 2))
         out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
-        try:
-            fut.wait()
-            out["cut_call"] = None
-        except RuntimeError as err:
-            out["cut_call"] = str(err)
+        _, out["cut_call"] = error_of(fut.wait)
         out["cut_call_failed_after"] = time.monotonic() - start
         with open(cut_file + ".seen", "w") as f:
             f.write("seen")

@@ -154,3 +154,9 @@ def test_torch_waits_on_call_futures_that_no_thread_of_ours_settles():
 def test_a_call_future_no_one_waits_on_fills_its_torch_state():
     out = run_world("basic:torch_waits", 2, args=["10", "20"])[0].value
     assert out["unwaited"] == 7, "torch's state of a future no one waited on was still empty after 20 s"
+
+
+def test_an_idle_worker_after_a_burst_costs_no_cpu():
+    used = [r.value for r in run_world("basic:idle_after_burst", 2)]
+    # A reader left polling takes a core-second a second; the idle threads' timers take ~1 ms.
+    assert max(used) < 0.3, f"CPU seconds each worker used in 2 idle seconds after a burst: {used}"

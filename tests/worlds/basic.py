@@ -305,3 +305,27 @@ def torch_waits(rank, world_size, settle_later_ms, unwaited_for_s):
             out["unwaited"] = torch._C.Future.value(unwaited) if torch._C.Future.done(unwaited) else None
     rpc.shutdown()
     return out
+
+
+def idle_after_burst(rank, world_size):
+    """Both workers call each other in bursts (sync, async, RRefs), then idle: readers poll only
+    right after a frame, so the idle seconds cost almost no CPU. Returns this worker's CPU
+    seconds over 2 idle seconds."""
+    init(rank, world_size)
+    peer = f"worker{1 - rank}"
+    for _ in range(200):
+        rpc.rpc_sync(peer, add, args=(1, 2))
+    for f in [rpc.rpc_async(peer, add, args=(i, 1)) for i in range(256)]:
+        f.wait()
+    rpc.remote(peer, add, args=(3, 4)).to_here()
+    rpc.rpc_sync(peer, add, args=(0, 0))  # both sides are done before either measures
+    # A reply no thread waits for is read by the stream's reader goroutine, which then polls.
+    last = rpc.rpc_async(peer, add, args=(5, 6))
+    time.sleep(0.1)
+    last.wait()
+    time.sleep(0.2)
+    before = time.process_time()
+    time.sleep(2.0)
+    used = time.process_time() - before
+    rpc.shutdown()
+    return used

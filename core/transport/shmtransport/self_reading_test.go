@@ -287,7 +287,16 @@ func TestAThreadReadsSmallFramesWhileRecvReadsABigOne(t *testing.T) {
 	go func() {
 		runtime.LockOSThread()
 		var handled []uint64
-		_, err := server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false }, func(f *wire.Frame) { handled = append(handled, f.ID) })
+		var err error
+		// Until the reader goroutine is back in Recv, having handed frame 1 over, the stream is
+		// busy (ErrBusy): the thread asks again. With the bug this tests, Recv holds the rings'
+		// lock while it reads the big frame, and the thread is told it is busy until it gives up.
+		for start := time.Now(); ; time.Sleep(time.Millisecond) {
+			_, err = server.(transport.SelfReading).RecvWaiting(10*time.Second, func() bool { return false }, func(f *wire.Frame) { handled = append(handled, f.ID) })
+			if !errors.Is(err, transport.ErrBusy) || time.Since(start) > 2*time.Second {
+				break
+			}
+		}
 		result <- outcome{handled, err}
 	}()
 	time.Sleep(50 * time.Millisecond) // the thread is most likely asleep by now

@@ -8,14 +8,21 @@ type Message struct {
 
 	// release returns the pooled memory a received big message lives in.
 	release func()
+	// recycle returns the pooled memory the long payload and buffers of a message received in
+	// one frame were decoded into (wire.Frame.TakeRecycle). They are not back to back in one
+	// buffer, so such a message is not Pooled: it is not lent in place.
+	recycle func()
 }
 
 // Release hands the memory of a received message back for reuse; Payload and Buffers must not
 // be used afterwards. It is optional (unreleased memory is garbage collected) and a no-op for
-// messages not received in chunks.
+// messages that were not received.
 func (m Message) Release() {
 	if m.release != nil {
 		m.release()
+	}
+	if m.recycle != nil {
+		m.recycle()
 	}
 }
 

@@ -24,7 +24,7 @@ const (
 	maxInterleaved = 64
 )
 
-var pool bufpool.Pool
+var pool = &bufpool.Shared
 
 // reassembler rebuilds the chunked messages arriving on one stream direction. Every size and
 // offset a peer announces is checked, without overflow, before it is used; the memory of a
@@ -130,7 +130,7 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 		return nil, Message{}, nil, nil
 	}
 	if len(f.Sizes) == 0 {
-		return f, Message{Payload: f.Payload, Buffers: f.Buffers}, nil, nil
+		return f, Message{Payload: f.Payload, Buffers: f.Buffers, recycle: f.TakeRecycle()}, nil, nil
 	}
 	if len(f.Sizes) > wire.MaxBuffersPerMessage {
 		return nil, Message{}, nil, fmt.Errorf("%w: message %d announces %d buffers, more than %d", errProtocol, f.ID, len(f.Sizes), wire.MaxBuffersPerMessage)
@@ -272,6 +272,9 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 		}
 		m.writing = false
 		r.mu.Unlock()
+		if recycle := f.TakeRecycle(); recycle != nil {
+			recycle() // the chunk's bytes are copied into the message
+		}
 	} else {
 		r.mu.Lock()
 		m.writing = false

@@ -47,9 +47,11 @@ const (
 )
 
 // BorrowThreshold is the message size from which Python has Go send its memory in place
-// instead of copying it: the chunk size, since a message of one chunk or less is copied into
-// a frame anyway.
-const BorrowThreshold = core.DefaultChunkSize
+// instead of copying it before the call returns. Such a copy is a fresh allocation, and a few
+// of hundreds of KiB per call had Go's garbage collector run every few calls: it is made only
+// for messages small enough that it costs less than keeping Python's buffers until the call is
+// done.
+const BorrowThreshold = 64 << 10
 
 // Call statuses, the stable error kinds Python maps to exception types (each has its own).
 const (

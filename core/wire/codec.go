@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"sync"
+
+	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/grpc/mem"
@@ -18,6 +21,11 @@ const maxDecodedBytes = 64 << 20
 
 // decodeStep is how much of a byte string is read, and allocated, at a time.
 const decodeStep = 1 << 20
+
+// pooledFrom is the length from which a frame's payload or buffer is decoded into memory from
+// the shared pool (up to decodeStep: longer ones only come in chunks): fresh memory of that
+// size for every message had Go's garbage collector run every few calls.
+const pooledFrom = 64 << 10
 
 // Nothing here decodes a string, a byte string or an unknown value with msgpack's own methods
 // (DecodeString, DecodeBytes, Skip, or Decode into a struct): they read into the decoder's
@@ -144,15 +152,15 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 		return err
 	}
 	if f.Payload, err = f.decodePayload(dec); err != nil {
-		return err
+		return f.dropPooled(err)
 	}
 	if n, err = decodeLen(dec, "buffers", MaxBuffersPerMessage); err != nil {
-		return err
+		return f.dropPooled(err)
 	}
 	for i := 0; i < n; i++ {
-		b, err := decodeBytes(dec)
+		b, err := f.decodeSegment(dec)
 		if err != nil {
-			return err
+			return f.dropPooled(err)
 		}
 		f.Buffers = append(f.Buffers, b)
 	}
@@ -182,9 +190,54 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 	return nil
 }
 
+// decodeSegment reads the payload or a buffer: a long one into pooled memory that f keeps
+// (TakeRecycle), the others into fresh memory.
+func (f *Frame) decodeSegment(dec *msgpack.Decoder) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	if n < pooledFrom || n > decodeStep {
+		return readBoundedLen(dec, n)
+	}
+	b := bufpool.Shared.Get(n)
+	f.pooled = append(f.pooled, b)
+	if err := dec.ReadFull(b); err != nil {
+		return nil, err
+	}
+	return b[:n:n], nil
+}
+
+// dropPooled gives back the pooled memory of a frame that failed to decode.
+func (f *Frame) dropPooled(err error) error {
+	if recycle := f.TakeRecycle(); recycle != nil {
+		recycle()
+	}
+	return err
+}
+
+// TakeRecycle hands over the pooled memory f's payload and buffers were decoded into: the
+// returned function gives it back to the shared pool, once however often it is called, and
+// must be called only when nothing uses them any more. Nil if none of them is pooled.
+func (f *Frame) TakeRecycle() func() {
+	pooled := f.pooled
+	if len(pooled) == 0 {
+		return nil
+	}
+	f.pooled = nil
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			for _, b := range pooled {
+				bufpool.Shared.Put(b)
+			}
+		})
+	}
+}
+
 func (f *Frame) decodePayload(dec *msgpack.Decoder) ([]byte, error) {
 	if f.Kind != FrameChunk || f.Sink == nil {
-		return decodeBytes(dec)
+		return f.decodeSegment(dec)
 	}
 	n, err := dec.DecodeBytesLen()
 	if err != nil || n < 0 {
@@ -288,11 +341,8 @@ func decodeArrayOf(dec *msgpack.Decoder, what string, n int) error {
 	return nil
 }
 
-func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {
-	n, err := dec.DecodeBytesLen()
-	if err != nil || n < 0 {
-		return nil, err
-	}
+// readBoundedLen reads a byte string of n bytes, whose length was just read, into fresh memory.
+func readBoundedLen(dec *msgpack.Decoder, n int) ([]byte, error) {
 	if n > maxDecodedBytes {
 		return nil, fmt.Errorf("frame announces a %d-byte field, more than %d", n, maxDecodedBytes)
 	}

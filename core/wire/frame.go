@@ -72,8 +72,9 @@ type Frame struct {
 	// so they are decoded in place (see ChunkSink).
 	Sink ChunkSink
 
-	placed  bool // the chunk's bytes went through Sink
-	dropped int  // the length of a placed chunk whose bytes were dropped
+	placed  bool     // the chunk's bytes went through Sink
+	dropped int      // the length of a placed chunk whose bytes were dropped
+	pooled  [][]byte // memory from the shared pool that Payload and Buffers were decoded into
 }
 
 // ChunkSink is where a stream's reader wants chunk bytes decoded to: dst, or nowhere (dst nil

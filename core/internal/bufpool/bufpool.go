@@ -15,6 +15,10 @@ const (
 	MaxIdle = 1 << 30
 )
 
+// Shared is the pool a worker's received messages live in: big messages reassembled from
+// chunks (core) and the long payloads and buffers of frames decoded whole (wire).
+var Shared Pool
+
 // Pool is a set of free buffers by power-of-two size class. The zero value is ready to use.
 type Pool struct {
 	mu   sync.Mutex

@@ -119,6 +119,7 @@ def costs():
 PICKED_AT = [0.0]
 
 
-def stamps():
-    """Runs on the callee: when it picked the request up, and now."""
+def stamps(*payload):
+    """Runs on the callee: when it picked the request up, and now (``payload`` is what the
+    request carried, dropped)."""
     return PICKED_AT[0], time.perf_counter()

@@ -18,6 +18,3 @@ func (a *Agent) ShuttingDown() bool { return a.state.Load() != stateRunning }
 
 // SelfReadFrames is how many frames threads waiting for their replies read themselves.
 func (a *Agent) SelfReadFrames() int64 { return a.selfReadFrames.Load() }
-
-// PoolIdle is the bytes the pool of received messages holds free.
-func PoolIdle() int { return pool.Idle() }

@@ -1,17 +1,18 @@
 package core
 
+import "github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
+
 // Message is what a call carries each way: an opaque payload and optional out-of-band buffers
 // (the Python binding sends a pickle as Payload and its protocol-5 buffers as Buffers).
 type Message struct {
 	Payload []byte
 	Buffers [][]byte
 
-	// release returns the pooled memory a received big message lives in.
-	release func()
-	// recycle returns the pooled memory the long payload and buffers of a message received in
-	// one frame were decoded into (wire.Frame.TakeRecycle). They are not back to back in one
-	// buffer, so such a message is not Pooled: it is not lent in place.
-	recycle func()
+	// release returns the pooled memory a received message lives in: one buffer for a big one
+	// (then lendable), for one received in a frame the buffers its long payload and buffers
+	// were decoded into (wire.Frame.TakeRecycle), which are not back to back.
+	release  func()
+	lendable bool
 }
 
 // Release hands the memory of a received message back for reuse; Payload and Buffers must not
@@ -21,14 +22,11 @@ func (m Message) Release() {
 	if m.release != nil {
 		m.release()
 	}
-	if m.recycle != nil {
-		m.recycle()
-	}
 }
 
 // Pooled reports whether the message lives in one pooled buffer (it was received in chunks):
 // its payload and buffers are then slices of one allocation that stays valid until Release.
-func (m Message) Pooled() bool { return m.release != nil }
+func (m Message) Pooled() bool { return m.lendable }
 
 // Size is the number of payload and buffer bytes in m.
 func (m Message) Size() int {
@@ -39,10 +37,6 @@ func (m Message) Size() int {
 	return n
 }
 
-// ownCopyAbove is the size from which an own copy lives in one pooled buffer, lent in place as
-// a received big message is; below it a plain allocation is cheaper.
-const ownCopyAbove = 64 << 10
-
 // ownCopy returns m in memory of its own. A call to this worker itself hands its handler and
 // its caller such copies, as a remote call does: the handler may start after its caller gave up
 // and reused the request's memory, the caller reads the reply after the handler let go of it,
@@ -51,9 +45,9 @@ func (m Message) ownCopy() Message {
 	sizes := make([]int64, 0, 1+len(m.Buffers))
 	var buf []byte
 	var release func()
-	if size := m.Size(); size >= ownCopyAbove {
-		buf = pool.Get(size)[:0]
-		release = releaseOnce(buf[:size])
+	if size := m.Size(); size >= bufpool.MinPooled {
+		buf = bufpool.Shared.Get(size)[:0]
+		release = bufpool.Shared.PutOnce(buf[:size])
 	}
 	for _, b := range append([][]byte{m.Payload}, m.Buffers...) {
 		buf = append(buf, b...)
@@ -65,7 +59,7 @@ func (m Message) ownCopy() Message {
 // cutMessage makes a message of the segments buf holds back to back, sizes[0] bytes of
 // payload then each buffer's; release, if set, hands buf back.
 func cutMessage(buf []byte, sizes []int64, release func()) Message {
-	msg := Message{release: release}
+	msg := Message{release: release, lendable: release != nil}
 	at := int64(0)
 	for i, n := range sizes {
 		seg := buf[at : at+n : at+n]

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 )
 
@@ -23,11 +24,11 @@ func TestALongRequestOfOneFrameGoesBackToThePool(t *testing.T) {
 			payload := bytes.Repeat([]byte{7}, 100<<10) // 128 KiB of pooled memory
 			handlers := map[string]core.Handler{"keep": core.HandlerFunc(func(_ context.Context, req core.Message) (core.Message, error) {
 				s := seen{pooled: req.Pooled(), intact: bytes.Equal(req.Payload, payload)}
-				before := core.PoolIdle()
+				before := bufpool.Shared.Idle()
 				req.Release()
-				s.back = core.PoolIdle() - before
+				s.back = bufpool.Shared.Idle() - before
 				req.Release()
-				s.again = core.PoolIdle() - before
+				s.again = bufpool.Shared.Idle() - before
 				got <- s
 				return core.Message{Payload: []byte("ok")}, nil
 			})}

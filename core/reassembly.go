@@ -24,8 +24,6 @@ const (
 	maxInterleaved = 64
 )
 
-var pool = &bufpool.Shared
-
 // reassembler rebuilds the chunked messages arriving on one stream direction. Every size and
 // offset a peer announces is checked, without overflow, before it is used; the memory of a
 // message is reserved from the agent's receive budget when its header arrives and allocated
@@ -102,7 +100,7 @@ func (r *reassembler) evictor(m *inMessage) func() bool {
 		}
 		m.evicted = true
 		if m.buf != nil {
-			pool.Put(m.buf)
+			bufpool.Shared.Put(m.buf)
 			m.buf = nil
 		}
 		return true
@@ -130,7 +128,7 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 		return nil, Message{}, nil, nil
 	}
 	if len(f.Sizes) == 0 {
-		return f, Message{Payload: f.Payload, Buffers: f.Buffers, recycle: f.TakeRecycle()}, nil, nil
+		return f, Message{Payload: f.Payload, Buffers: f.Buffers, release: f.TakeRecycle()}, nil, nil
 	}
 	if len(f.Sizes) > wire.MaxBuffersPerMessage {
 		return nil, Message{}, nil, fmt.Errorf("%w: message %d announces %d buffers, more than %d", errProtocol, f.ID, len(f.Sizes), wire.MaxBuffersPerMessage)
@@ -219,7 +217,7 @@ func (r *reassembler) claim(id uint64, m *inMessage) error {
 		return fmt.Errorf("%w: message %d stalled while holding receive budget others needed", errProtocol, id)
 	}
 	if !m.refused && m.buf == nil {
-		m.buf = pool.Get(int(m.total))
+		m.buf = bufpool.Shared.Get(int(m.total))
 	}
 	m.writing = !m.refused
 	return nil
@@ -272,9 +270,6 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 		}
 		m.writing = false
 		r.mu.Unlock()
-		if recycle := f.TakeRecycle(); recycle != nil {
-			recycle() // the chunk's bytes are copied into the message
-		}
 	} else {
 		r.mu.Lock()
 		m.writing = false
@@ -304,18 +299,7 @@ func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
 	if buf == nil {
 		buf = []byte{}
 	}
-	return m.header, cutMessage(buf, m.sizes, releaseOnce(buf))
-}
-
-// releaseOnce returns buf to the pool on its first call only: a buffer put back twice would
-// be handed to two later messages at once.
-func releaseOnce(buf []byte) func() {
-	var done atomic.Bool
-	return func() {
-		if done.CompareAndSwap(false, true) {
-			pool.Put(buf)
-		}
-	}
+	return m.header, cutMessage(buf, m.sizes, bufpool.Shared.PutOnce(buf))
 }
 
 // drop forgets an incomplete message and returns its memory, unless a decoder is writing a
@@ -330,7 +314,7 @@ func (r *reassembler) drop(id uint64, m *inMessage) {
 	writing := m.writing
 	r.mu.Unlock()
 	if buf != nil && !writing {
-		pool.Put(buf)
+		bufpool.Shared.Put(buf)
 	}
 }
 

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"log/slog"
 	"math"
@@ -117,7 +118,7 @@ func TestReleaseTwiceReturnsMemoryOnce(t *testing.T) {
 	}
 	msg.Release()
 	msg.Release()
-	a, b := pool.Get(size), pool.Get(size)
+	a, b := bufpool.Shared.Get(size), bufpool.Shared.Get(size)
 	if &a[0] == &b[0] {
 		t.Fatal("two buffers from the pool share memory after a double release")
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 
@@ -21,11 +20,6 @@ const maxDecodedBytes = 64 << 20
 
 // decodeStep is how much of a byte string is read, and allocated, at a time.
 const decodeStep = 1 << 20
-
-// pooledFrom is the length from which a frame's payload or buffer is decoded into memory from
-// the shared pool (up to decodeStep: longer ones only come in chunks): fresh memory of that
-// size for every message had Go's garbage collector run every few calls.
-const pooledFrom = 64 << 10
 
 // Nothing here decodes a string, a byte string or an unknown value with msgpack's own methods
 // (DecodeString, DecodeBytes, Skip, or Decode into a struct): they read into the decoder's
@@ -120,6 +114,17 @@ func (f *Frame) MarshalBuffers(pool mem.BufferPool) (mem.BufferSlice, bool, erro
 // DecodeMsgpack reads what EncodeMsgpack wrote. A chunk's bytes go straight to the place its
 // stream's reassembler gives (Sink), instead of through a fresh slice.
 func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
+	if err := f.decode(dec); err != nil {
+		// A frame that failed to decode gives back the pooled memory it took.
+		if recycle := f.TakeRecycle(); recycle != nil {
+			recycle()
+		}
+		return err
+	}
+	return nil
+}
+
+func (f *Frame) decode(dec *msgpack.Decoder) error {
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return err
@@ -152,15 +157,15 @@ func (f *Frame) DecodeMsgpack(dec *msgpack.Decoder) error {
 		return err
 	}
 	if f.Payload, err = f.decodePayload(dec); err != nil {
-		return f.dropPooled(err)
+		return err
 	}
 	if n, err = decodeLen(dec, "buffers", MaxBuffersPerMessage); err != nil {
-		return f.dropPooled(err)
+		return err
 	}
 	for i := 0; i < n; i++ {
 		b, err := f.decodeSegment(dec)
 		if err != nil {
-			return f.dropPooled(err)
+			return err
 		}
 		f.Buffers = append(f.Buffers, b)
 	}
@@ -197,7 +202,8 @@ func (f *Frame) decodeSegment(dec *msgpack.Decoder) ([]byte, error) {
 	if err != nil || n < 0 {
 		return nil, err
 	}
-	if n < pooledFrom || n > decodeStep {
+	// Up to decodeStep: longer ones only come in chunks.
+	if n < bufpool.MinPooled || n > decodeStep {
 		return readBoundedLen(dec, n)
 	}
 	b := bufpool.Shared.Get(n)
@@ -206,14 +212,6 @@ func (f *Frame) decodeSegment(dec *msgpack.Decoder) ([]byte, error) {
 		return nil, err
 	}
 	return b[:n:n], nil
-}
-
-// dropPooled gives back the pooled memory of a frame that failed to decode.
-func (f *Frame) dropPooled(err error) error {
-	if recycle := f.TakeRecycle(); recycle != nil {
-		recycle()
-	}
-	return err
 }
 
 // TakeRecycle hands over the pooled memory f's payload and buffers were decoded into: the
@@ -225,14 +223,7 @@ func (f *Frame) TakeRecycle() func() {
 		return nil
 	}
 	f.pooled = nil
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			for _, b := range pooled {
-				bufpool.Shared.Put(b)
-			}
-		})
-	}
+	return bufpool.Shared.PutOnce(pooled...)
 }
 
 func (f *Frame) decodePayload(dec *msgpack.Decoder) ([]byte, error) {

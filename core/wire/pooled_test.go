@@ -48,8 +48,8 @@ func TestFieldsThatArePooledOrNot(t *testing.T) {
 		length int
 		pooled bool
 	}{
-		{"short", pooledFrom - 1, false},
-		{"long", pooledFrom, true},
+		{"short", bufpool.MinPooled - 1, false},
+		{"long", bufpool.MinPooled, true},
 		{"longest decoded whole", decodeStep, true},
 		{"longer than any chunk", decodeStep + 1, false},
 	}
@@ -68,19 +68,30 @@ func TestFieldsThatArePooledOrNot(t *testing.T) {
 
 func TestAFrameCutShortGivesItsPooledMemoryBack(t *testing.T) {
 	whole := encodeFrame(t, &Frame{Kind: FrameRequest, Payload: filled(100<<10, 1), Buffers: [][]byte{filled(200<<10, 2)}})
-	// Free buffers of both sizes, for the decoder to take: the pool then holds as much again
-	// only if it gets them back.
-	bufpool.Shared.Put(make([]byte, 128<<10))
-	bufpool.Shared.Put(make([]byte, 256<<10))
-	before := bufpool.Shared.Idle()
-	got := &Frame{}
-	if err := got.DecodeMsgpack(msgpack.NewDecoder(bytes.NewReader(whole[:len(whole)-(100<<10)]))); err == nil {
-		t.Fatal("a frame cut short in its buffer decoded")
+	tests := []struct {
+		name string
+		cut  int // bytes cut off the end
+	}{
+		{"in its buffer", 100 << 10},
+		{"after its buffers", 1},
 	}
-	if got.TakeRecycle() != nil {
-		t.Fatal("the failed frame still holds pooled memory")
-	}
-	if idle := bufpool.Shared.Idle(); idle != before {
-		t.Fatalf("the pool holds %d bytes after the failed decode, %d before it", idle, before)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Free buffers of both sizes, for the decoder to take: the pool then holds as much
+			// again only if it gets them back.
+			bufpool.Shared.Put(make([]byte, 128<<10))
+			bufpool.Shared.Put(make([]byte, 256<<10))
+			before := bufpool.Shared.Idle()
+			got := &Frame{}
+			if err := got.DecodeMsgpack(msgpack.NewDecoder(bytes.NewReader(whole[:len(whole)-tt.cut]))); err == nil {
+				t.Fatal("a frame cut short decoded")
+			}
+			if got.TakeRecycle() != nil {
+				t.Fatal("the failed frame still holds pooled memory")
+			}
+			if idle := bufpool.Shared.Idle(); idle != before {
+				t.Fatalf("the pool holds %d bytes after the failed decode, %d before it", idle, before)
+			}
+		})
 	}
 }

@@ -6,11 +6,15 @@ package bufpool
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 )
 
 const (
 	minClass = 16 // 64 KiB: smaller buffers are cheap to allocate
 	maxClass = 33 // 8 GiB
+	// MinPooled is the size from which a buffer is worth taking from the pool: a fresh one
+	// that size for every message had Go's garbage collector run every few calls.
+	MinPooled = 1 << minClass
 	// MaxIdle bounds the bytes kept idle in the pool.
 	MaxIdle = 1 << 30
 )
@@ -66,6 +70,19 @@ func (p *Pool) Put(b []byte) {
 	}
 	p.free[c] = append(p.free[c], b[:cap(b)])
 	p.idle += cap(b)
+}
+
+// PutOnce returns a function that puts bufs back on its first call only: a buffer put back
+// twice would be handed to two later users at once.
+func (p *Pool) PutOnce(bufs ...[]byte) func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			for _, b := range bufs {
+				p.Put(b)
+			}
+		}
+	}
 }
 
 // Idle is the number of bytes kept free.

@@ -30,3 +30,13 @@ func TestPoolReusesBySizeClass(t *testing.T) {
 	}
 	p.Put(make([]byte, 100)) // not from the pool: ignored
 }
+
+func TestPutOncePutsBackOnTheFirstCallOnly(t *testing.T) {
+	var p Pool
+	put := p.PutOnce(p.Get(MinPooled), p.Get(2*MinPooled))
+	put()
+	put()
+	if idle := p.Idle(); idle != 3*MinPooled {
+		t.Fatalf("%d bytes idle after two calls, want %d", idle, 3*MinPooled)
+	}
+}

@@ -63,6 +63,11 @@ def test_numpy_round_trips():
     assert out["lent_after"] == 0 and out["lent_here"] == 0, "lent memory was not handed back"
 
 
+def test_mid_size_messages_in_flight_arrive_intact():
+    out = run_world("payloads:mid_size_in_flight", 2)[0].value
+    assert out == {"calls": 256, "mismatches": 0}, out
+
+
 def test_bytes_like_round_trips():
     out = run_world("payloads:bytes_like_round_trips", 2)[0].value
     kinds = ("bytes-empty", "bytes-small", "bytes-1k", "bytes-big", "bytearray-empty", "bytearray-small", "bytearray-big",

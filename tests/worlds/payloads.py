@@ -135,6 +135,26 @@ def numpy_round_trips(rank, world_size):
     return out
 
 
+def mid_size_in_flight(rank, world_size):
+    """Arrays of 64 KiB to 1 MiB, each sent in one frame (its long segments in pooled memory,
+    given back once copied), echoed 32 at a time: each comes back as it was sent, though the
+    pool hands the memory of one to the next."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        sizes = [64 << 10, 100 << 10, 256 << 10, (512 << 10) + 3, (1 << 20) - 1]
+        calls = mismatches = 0
+        for round_ in range(8):
+            sent = [np.full(sizes[i % len(sizes)], (round_ * 32 + i) % 251, dtype=np.uint8) for i in range(32)]
+            futures = [rpc.rpc_async("worker1", echo, args=(a,)) for a in sent]
+            for a, fut in zip(sent, futures):
+                calls += 1
+                mismatches += not np.array_equal(fut.wait(), a)
+        out = {"calls": calls, "mismatches": mismatches}
+    rpc.shutdown()
+    return out
+
+
 def bytes_like_round_trips(rank, world_size):
     init(rank, world_size)
     out = {}

@@ -9,8 +9,9 @@ a thread going to sleep to be woken by another). Both processes read the same mo
 
 Then the same phases of calls carrying a 16 MiB torch tensor (one way), beside what copying
 those bytes costs on this machine, timed in the same process: memcpy, and the kernel's copy
-between processes (``process_vm_readv``, which torch's CMA channel and our shared-memory
-transport use) on one thread and on two.
+between processes (``process_vm_readv``, which torch's CMA channel uses, as does our
+shared-memory transport for a message too big for a stream's landing area) on one thread and
+on two. A 16 MiB message lands: its one copy is the sender's memcpy into shared memory.
 """
 
 import collections

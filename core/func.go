@@ -103,6 +103,13 @@ func CallFunc[R any](ctx context.Context, a *Agent, to, method string, args ...a
 	if err != nil {
 		return result, pythonError(err)
 	}
+	if resp.Pooled() {
+		// A big result may live in its sender's shared memory, which the sender reuses once
+		// it is released: the result's Arrays get memory of their own.
+		own := resp.ownCopy()
+		resp.Release()
+		resp = own
+	}
 	dec, done, err := newDecoder(resp)
 	if err != nil {
 		return result, fmt.Errorf("the result of %q on worker %q: %w", method, to, err)

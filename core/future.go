@@ -94,6 +94,19 @@ func (f *CallFuture) complete(resp Message, err error) bool {
 	return set
 }
 
+// Discard says the caller will not read the reply: once the call completes, the reply's memory
+// goes back (a big reply may live in shared memory its sender reuses only once it is
+// released). Result must not be used afterwards.
+func (f *CallFuture) Discard() {
+	f.AfterDone(func() {
+		f.resp.Release()
+		var re *RemoteError
+		if errors.As(f.err, &re) {
+			re.Payload.Release()
+		}
+	})
+}
+
 // AfterDone runs fn once the call has completed: at once if it has, else on the goroutine
 // that completes it, so fn must not block.
 func (f *CallFuture) AfterDone(fn func()) {

@@ -16,8 +16,10 @@ type Message struct {
 }
 
 // Release hands the memory of a received message back for reuse; Payload and Buffers must not
-// be used afterwards. It is optional (unreleased memory is garbage collected) and a no-op for
-// messages that were not received.
+// be used afterwards. It is a no-op for messages that were not received. It is optional
+// (unreleased memory is garbage collected), but a big message received over shared memory may
+// live in its sender's landing area: until it is released the sender does not reuse that
+// memory (it sends the slower way when the area is full) and the region stays mapped.
 func (m Message) Release() {
 	if m.release != nil {
 		m.release()

@@ -268,7 +268,9 @@ func (c *peerConn) deliver(fr *wire.Frame, msg Message, refused error) {
 	}
 	if f := c.take(fr.ID); f != nil {
 		resp, err := responseResult(fr, msg, name)
-		f.complete(resp, err)
+		if !f.complete(resp, err) {
+			msg.Release() // the call's deadline completed it first
+		}
 	} else {
 		msg.Release() // the caller gave up on it
 	}
@@ -328,8 +330,10 @@ func responseResult(fr *wire.Frame, msg Message, worker string) (Message, error)
 	case wire.ReplyOK:
 		return msg, nil
 	case wire.ReplyNoHandler:
+		msg.Release()
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrNoHandler, worker, fr.Error)
 	case wire.ReplyTooLarge:
+		msg.Release()
 		return Message{}, fmt.Errorf("%w: worker %q: %s", ErrTooLarge, worker, fr.Error)
 	default:
 		return Message{}, &RemoteError{Worker: worker, Message: fr.Error, Payload: msg}

@@ -49,10 +49,13 @@ type reassembler struct {
 }
 
 type inMessage struct {
-	header   *wire.Frame
-	sizes    []int64
-	total    int64
-	buf      []byte // allocated at the first chunk; stays nil for a refused message
+	header *wire.Frame
+	sizes  []int64
+	total  int64
+	buf    []byte // allocated at the first chunk, or the landing; nil for a refused message
+	// release gives buf back: to the shared pool, or a landing to the stream it came from.
+	release  func()
+	landed   bool // buf is a landing (wire.Frame.SetLanding): the peer writes the chunks into it
 	received int64
 	refused  bool         // over a limit: its chunks are read and dropped
 	res      *reservation // its memory in the receive budget
@@ -100,7 +103,7 @@ func (r *reassembler) evictor(m *inMessage) func() bool {
 		}
 		m.evicted = true
 		if m.buf != nil {
-			bufpool.Shared.Put(m.buf)
+			m.release()
 			m.buf = nil
 		}
 		return true
@@ -117,6 +120,12 @@ var errProtocol = errors.New("protocol violation")
 // add may wait for room in the receive budget.
 func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused error, err error) {
 	r.stamp()
+	landing, releaseLanding := f.TakeLanding()
+	defer func() {
+		if releaseLanding != nil { // not adopted by the message (below)
+			releaseLanding()
+		}
+	}()
 	switch f.Kind {
 	case wire.FrameChunk:
 		fr, msg, err = r.chunk(f)
@@ -178,6 +187,11 @@ func (r *reassembler) add(f *wire.Frame) (fr *wire.Frame, msg Message, refused e
 		m.res = res
 	}
 	m.refused = refused != nil
+	if !m.refused && total > 0 && int64(len(landing)) == total {
+		// The peer writes the chunks into the landing itself: the message is reassembled there.
+		m.buf, m.release, m.landed = landing, releaseLanding, true
+		releaseLanding = nil
+	}
 	r.mu.Lock()
 	r.messages[f.ID] = m
 	r.mu.Unlock()
@@ -218,6 +232,7 @@ func (r *reassembler) claim(id uint64, m *inMessage) error {
 	}
 	if !m.refused && m.buf == nil {
 		m.buf = bufpool.Shared.Get(int(m.total))
+		m.release = bufpool.Shared.PutOnce(m.buf)
 	}
 	m.writing = !m.refused
 	return nil
@@ -296,14 +311,16 @@ func (r *reassembler) complete(id uint64, m *inMessage) (*wire.Frame, Message) {
 	if m.refused {
 		return nil, Message{}
 	}
-	if buf == nil {
+	if buf == nil { // an empty message
 		buf = []byte{}
+		return m.header, cutMessage(buf, m.sizes, bufpool.Shared.PutOnce(buf))
 	}
-	return m.header, cutMessage(buf, m.sizes, bufpool.Shared.PutOnce(buf))
+	return m.header, cutMessage(buf, m.sizes, m.release)
 }
 
 // drop forgets an incomplete message and returns its memory, unless a decoder is writing a
-// chunk into it (then the garbage collector takes it).
+// chunk into pooled memory (then the garbage collector takes it). A landing always goes back:
+// its stream holds it, and a decoder writes there only what the peer already put there.
 func (r *reassembler) drop(id uint64, m *inMessage) {
 	r.inProgress -= m.total
 	r.budget.free(m.res)
@@ -311,10 +328,10 @@ func (r *reassembler) drop(id uint64, m *inMessage) {
 	delete(r.messages, id)
 	buf := m.buf
 	m.buf = nil
-	writing := m.writing
+	giveBack := buf != nil && (!m.writing || m.landed)
 	r.mu.Unlock()
-	if buf != nil && !writing {
-		bufpool.Shared.Put(buf)
+	if giveBack {
+		m.release()
 	}
 }
 

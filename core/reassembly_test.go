@@ -224,3 +224,75 @@ func TestTruncateTextKeepsHeadAndTail(t *testing.T) {
 		t.Fatal("a short text changed")
 	}
 }
+
+// TestALandingIsAdoptedOrGivenBack: a header's landing (memory the peer writes the chunks into)
+// becomes the message's memory when it holds the message exactly, and its chunks are then
+// decoded into where they already are; every other way a message ends (refused, aborted,
+// evicted, the stream closed, a landing of the wrong size, completed and released) gives the
+// landing back.
+func TestALandingIsAdoptedOrGivenBack(t *testing.T) {
+	const size = 1 << 16
+	tests := []struct {
+		name        string
+		landing     int   // its length
+		limit       int64 // the message size limit
+		then        func(t *testing.T, r *reassembler, b *receiveBudget)
+		wantAdopted bool
+	}{
+		{name: "completed and released", landing: size, limit: 1 << 20, wantAdopted: true, then: func(t *testing.T, r *reassembler, b *receiveBudget) {
+			dst, ok := r.dest(1, 0, size)
+			if !ok {
+				t.Fatal("no place for the chunk")
+			}
+			_, msg, _, err := r.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: dst, Sink: r.dest})
+			if err != nil || !msg.Pooled() || len(msg.Payload) != size {
+				t.Fatalf("no whole lendable message: %v", err)
+			}
+			msg.Release()
+			msg.Release()
+		}},
+		{name: "refused", landing: size, limit: size - 1},
+		{name: "of the wrong size", landing: size - 1, limit: 1 << 20, then: func(t *testing.T, r *reassembler, b *receiveBudget) {
+			if dst, _ := r.dest(1, 0, size); len(dst) != size {
+				t.Fatal("no pooled memory for a message whose landing does not fit it")
+			}
+			r.close()
+		}},
+		{name: "aborted", landing: size, limit: 1 << 20, wantAdopted: true, then: func(t *testing.T, r *reassembler, b *receiveBudget) {
+			r.add(&wire.Frame{Kind: wire.FrameAbort, ID: 1})
+		}},
+		{name: "the stream closed", landing: size, limit: 1 << 20, wantAdopted: true, then: func(t *testing.T, r *reassembler, b *receiveBudget) {
+			r.close()
+		}},
+		{name: "evicted", landing: size, limit: 1 << 20, wantAdopted: true, then: func(t *testing.T, r *reassembler, b *receiveBudget) {
+			if !r.messages[1].res.evict() {
+				t.Fatal("the message could not be evicted")
+			}
+			r.close()
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newReceiveBudget(1<<20, slog.Default())
+			r := newReassembler(testctx.For(t), tt.limit, b, "peer")
+			landing := make([]byte, tt.landing)
+			released := 0 // as SetLanding asks, a release gives the landing back once
+			head := &wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{size}}
+			head.SetLanding(landing, func() { released = 1 })
+			if _, _, _, err := r.add(head); err != nil {
+				t.Fatal(err)
+			}
+			if m := r.messages[1]; m != nil && tt.wantAdopted {
+				if len(m.buf) != size || &m.buf[0] != &landing[0] {
+					t.Fatal("the message is not reassembled in its landing")
+				}
+			}
+			if tt.then != nil {
+				tt.then(t, r, b)
+			}
+			if released != 1 {
+				t.Fatal("the landing was not given back")
+			}
+		})
+	}
+}

@@ -15,6 +15,9 @@ type Call struct {
 	agent  *Agent
 	future *core.CallFuture
 	done   signal // fired when the future completes
+	// claimed is set once Python took the reply (Take, Result); until then Discard gives
+	// it back.
+	claimed atomic.Bool
 	// waits counts the Wait calls: only the first starts in the futex (see wait).
 	waits atomic.Int32
 
@@ -178,13 +181,27 @@ func (c *Call) Take(sizes uintptr, tableLen int, buf uintptr, bufLen int) int {
 		*(*int64)(pythonMemory(sizes)) = int64(status)
 		return 0
 	}
-	return seg.take(status, sizes, tableLen, buf, bufLen)
+	n := seg.take(status, sizes, tableLen, buf, bufLen)
+	if n >= 0 {
+		c.claimed.Store(true) // copied and released; otherwise Result follows
+	}
+	return n
 }
 
 // Result is the reply, or for a remote error the detail the handler attached; it waits.
 func (c *Call) Result() *Segments {
 	s, _ := c.outcome()
+	c.claimed.Store(true)
 	return s
+}
+
+// Discard gives back the reply of a call whose future Python dropped unsettled, once it comes:
+// a big one may hold shared memory its sender reuses only once it is released. A no-op once
+// Python took the reply.
+func (c *Call) Discard() {
+	if !c.claimed.Load() {
+		c.future.Discard()
+	}
 }
 
 // Call sends the message whose nseg segments the table at table names to method (PyMethod

@@ -68,6 +68,32 @@ def test_mid_size_messages_in_flight_arrive_intact():
     assert out == {"calls": 256, "mismatches": 0}, out
 
 
+def test_held_arrays_stay_intact_while_more_arrive(each_transport):
+    """Over shared memory the first three land (the area takes three), so the callee maps at
+    least 48 MiB of it; over gRPC no region is mapped at all."""
+    sender, holder = (r.value for r in run_world("payloads:landed_arrays_held", 2))
+    expect_behaviours({**sender, **holder}, {
+        "echoes arrive as sent": lambda o: o["echoes_intact"],
+        "every held array is as sent": lambda o: o["intact"] == [True] * 8,
+        "held arrays are writable": lambda o: o["writable"],
+        "held arrays are lent in place": lambda o: o["lent_held"] >= 8,
+        "dropped arrays give their memory back": lambda o: o["lent_after_drop"] == 0,
+        "arrays land in shared memory only over it":
+            lambda o: o["shm_resident"] >= 48 << 20 if each_transport == "shm" else o["shm_resident"] == 0,
+        "an array held past shutdown stays readable": lambda o: o["after_shutdown_intact"],
+        "its region stays mapped until it is dropped, and no longer":
+            lambda o: o["mapped_after_drop"] == 0 and (o["mapped_while_held"] >= 1 if each_transport == "shm" else True),
+    })
+
+
+def test_replies_to_dropped_futures_give_their_memory_back():
+    out = run_world("payloads:abandoned_big_replies", 2)[0].value
+    expect_behaviours(out, {
+        "later replies arrive intact": lambda o: o["later_intact"],
+        "no region stays mapped after shutdown": lambda o: o["mapped_after_shutdown"] == 0,
+    })
+
+
 def test_bytes_like_round_trips():
     out = run_world("payloads:bytes_like_round_trips", 2)[0].value
     kinds = ("bytes-empty", "bytes-small", "bytes-1k", "bytes-big", "bytearray-empty", "bytearray-small", "bytearray-big",

@@ -75,6 +75,25 @@ type Frame struct {
 	placed  bool     // the chunk's bytes went through Sink
 	dropped int      // the length of a placed chunk whose bytes were dropped
 	pooled  [][]byte // memory from the shared pool that Payload and Buffers were decoded into
+
+	landing        []byte // where the peer writes the chunks of the message this header opens
+	landingRelease func()
+}
+
+// SetLanding, on the header of a big message (Sizes set), says that the peer writes the
+// message's chunks into mem (its Sizes' total bytes, back to back) as it sends them, so the
+// message may be reassembled in mem itself; release hands mem back when nothing reads it any
+// more, once however often it is called. A stream reader sets it (a shared-memory transport);
+// whoever takes the frame must take the landing too (TakeLanding) and release it.
+func (f *Frame) SetLanding(mem []byte, release func()) {
+	f.landing, f.landingRelease = mem, release
+}
+
+// TakeLanding hands over the landing SetLanding set: nil, nil if none.
+func (f *Frame) TakeLanding() (mem []byte, release func()) {
+	mem, release = f.landing, f.landingRelease
+	f.landing, f.landingRelease = nil, nil
+	return mem, release
 }
 
 // ChunkSink is where a stream's reader wants chunk bytes decoded to: dst, or nowhere (dst nil

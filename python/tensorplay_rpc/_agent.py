@@ -205,6 +205,16 @@ class _CallFuture(Future[Any]):
         super().add_done_callback(callback)
         self._notify_when_done()
 
+    def __del__(self) -> None:
+        # Dropped unsettled: nobody will read the reply, whose memory (for a big one, shared
+        # memory its sender reuses only once it is released) goes back when it comes.
+        go_call = getattr(self, "_go_call", None)
+        if go_call is not None:
+            try:
+                go_call.Discard()
+            except Exception:  # interpreter shutdown may have torn the extension down
+                pass
+
     def _before_torch_wait(self, blocking: bool) -> None:
         """A torch function is about to wait on this future's torch state (see Future)."""
         if blocking:

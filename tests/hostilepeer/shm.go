@@ -38,12 +38,13 @@ var shmAttacks = []attack{
 // The layout the transport uses (core/transport/shmtransport/region.go) for rings of 64 KiB:
 // four 4 KiB control blocks (head at offset 0 of the dialer's small-frame ring), then four
 // rings of 64 KiB (the small-frame lane's ring is a quarter of the bulk one, but 64 KiB at
-// least), the dialer's small-frame ring first.
+// least), the dialer's small-frame ring first, then a 64 MiB landing area per direction.
 const (
-	rawCtrl  = 4096
-	rawRing  = 64 << 10
-	rawData  = 4 * rawCtrl // where the dialer's small-frame ring starts
-	rawBytes = 4*rawCtrl + 4*rawRing
+	rawCtrl    = 4096
+	rawRing    = 64 << 10
+	rawData    = 4 * rawCtrl // where the dialer's small-frame ring starts
+	rawLanding = 64 << 20
+	rawBytes   = 4*rawCtrl + 4*rawRing + 2*rawLanding
 )
 
 // shmName is the abstract socket name in a shared-memory address.
@@ -72,7 +73,7 @@ func (p *peer) rawShm(ctx context.Context, seals int, ringBytes int) (*net.UnixC
 	conn := c.(*net.UnixConn)
 	conn.SetDeadline(time.Now().Add(p.window))
 	fail := func(err error) (*net.UnixConn, []byte, error) { conn.Close(); return nil, nil, err }
-	hello := append([]byte("tprpcshm2"), binary.LittleEndian.AppendUint32(nil, uint32(len(p.token)))...)
+	hello := append([]byte("tprpcshm3"), binary.LittleEndian.AppendUint32(nil, uint32(len(p.token)))...)
 	if _, err := conn.Write(append(hello, p.token...)); err != nil {
 		return fail(err)
 	}

@@ -109,6 +109,18 @@ def shm_mappings():
         return sum("memfd:tensorplay-rpc" in line for line in f)
 
 
+def shm_resident_bytes():
+    """How much of this process's mappings of the transport's regions is resident."""
+    total, in_region = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's first line: its address range
+                in_region = "memfd:tensorplay-rpc" in line
+            elif in_region and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def wait_done(timeout):
     """Block until another worker calls set_done (bounded)."""
     if not _done.wait(timeout):

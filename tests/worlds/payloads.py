@@ -12,7 +12,7 @@ import numpy as np
 import tensorplay_rpc as rpc
 from tensorplay_rpc import _agent
 
-from .common import init
+from .common import init, shm_mappings, shm_resident_bytes
 
 
 def echo(x):
@@ -152,6 +152,76 @@ def mid_size_in_flight(rank, world_size):
                 mismatches += not np.array_equal(fut.wait(), a)
         out = {"calls": calls, "mismatches": mismatches}
     rpc.shutdown()
+    return out
+
+
+_kept = []
+
+
+def keep(a):
+    """Runs on the callee: hold a received array (lent in place) and report how many it holds."""
+    _kept.append(a)
+    return len(_kept)
+
+
+def check_kept():
+    """Runs on the callee: are the held arrays as sent (array i all i + 1) and writable, how
+    many are lent, and how much shared memory is mapped here."""
+    intact = [bool((a == i + 1).all()) for i, a in enumerate(_kept)]
+    writable = all(a.flags.writeable for a in _kept)
+    return intact, writable, _agent.require_agent().lent_messages(), shm_resident_bytes()
+
+
+def drop_kept():
+    _kept.clear()
+    gc.collect()
+    return _agent.require_agent().lent_messages()
+
+
+def landed_arrays_held(rank, world_size):
+    """16 MiB arrays, which over shared memory the sender writes into the stream's 64 MiB
+    landing area for the callee to use in place: the callee holds eight (more than the area
+    takes, so the rest come the other way) while more traffic flows both ways; each stays as
+    sent and writable, the memory goes back once dropped, and one held past shutdown stays
+    readable until dropped, after which no region is mapped."""
+    init(rank, world_size)
+    out = {}
+    n = 16 << 20
+    if rank == 0:
+        for i in range(8):
+            rpc.rpc_sync("worker1", keep, args=(np.full(n, i + 1, dtype=np.uint8),))
+        echoed = [rpc.rpc_sync("worker1", echo, args=(np.full(n, 100 + i, dtype=np.uint8),)) for i in range(4)]
+        out["echoes_intact"] = all(bool((e == 100 + i).all()) for i, e in enumerate(echoed))
+        del echoed
+        out["intact"], out["writable"], out["lent_held"], out["shm_resident"] = rpc.rpc_sync("worker1", check_kept)
+        out["lent_after_drop"] = rpc.rpc_sync("worker1", drop_kept)
+        rpc.rpc_sync("worker1", keep, args=(np.full(n, 1, dtype=np.uint8),))  # held past shutdown
+    rpc.shutdown()
+    if rank == 1:
+        out["after_shutdown_intact"] = len(_kept) == 1 and bool((_kept[0] == 1).all())
+        out["mapped_while_held"] = shm_mappings()
+        _kept.clear()
+        gc.collect()
+        out["mapped_after_drop"] = shm_mappings()
+    return out
+
+
+def abandoned_big_replies(rank, world_size):
+    """16 MiB replies to futures dropped unread: over shared memory they land in memory the
+    callee reuses only once released, so each must be given back though nobody reads it; the
+    callee's later replies still arrive intact, and no region stays mapped after shutdown."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        for _ in range(6):
+            rpc.rpc_async("worker1", make, args=(16 << 20,))  # dropped at once
+        time.sleep(1)  # the replies come and are dropped
+        got = [rpc.rpc_sync("worker1", make, args=(16 << 20,)) for _ in range(4)]
+        out["later_intact"] = all(g.nbytes == 16 << 20 and bool((g == 1).all()) for g in got)
+        del got
+        gc.collect()
+    rpc.shutdown()
+    out["mapped_after_shutdown"] = shm_mappings()
     return out
 
 

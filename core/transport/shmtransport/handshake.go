@@ -22,8 +22,9 @@ import (
 // The listener checks the token and the peer's user before it accepts any file descriptor, and
 // checks the region's seals and size before it maps it. Each side offers to lend the other big
 // byte strings, and checks whether it can read what the other lends (lending.go), before its
-// last step: the dialer before it sends the region, the listener before its last OK.
-var handshakeMagic = []byte("tprpcshm2")
+// last step: the dialer before it sends the region, the listener before its last OK. The magic
+// names the region's layout: version 3 added the landing areas (placing.go).
+var handshakeMagic = []byte("tprpcshm3")
 
 const (
 	handshakeOK      = 'K'

@@ -16,7 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Lending: a big message's chunks are not copied into the ring. The producer writes a frame
+// Lending: a big message's chunks are not copied into the ring (nor, for one too big for the
+// landing area or that finds no room there, into a landing: placing.go). The producer writes a frame
 // whose big byte strings it lends (their addresses in its own memory) and the consumer copies
 // them straight from the producer's memory into where they go (process_vm_readv, as
 // TensorPipe's CMA channel does): one copy end to end instead of two. The producer keeps the
@@ -231,27 +232,53 @@ func readProcess(pid int, p []byte, addr uint64) error {
 // big a rest for the ring, is written as usual.
 func (w *ringWriter) writeLending(pieces [][]byte, referenced func(int) bool, total int) error {
 	w.spans = w.spans[:0]
-	inRing, at := 4, 0
 	for i, p := range pieces {
 		// The last piece is never lent: the consumer reads a byte of the ring after the last
 		// span, so releasing the ring past the frame says it read them all.
 		if referenced(i) && len(p) >= minLentBytes && i < len(pieces)-1 && len(w.spans) < maxLentSpans {
-			w.spans = append(w.spans, lentSpan{at: at, n: len(p), addr: uint64(uintptr(unsafe.Pointer(&p[0]))), piece: i})
-		} else {
-			inRing += len(p)
+			w.spans = append(w.spans, lentSpan{n: len(p), addr: uint64(uintptr(unsafe.Pointer(&p[0]))), piece: i})
 		}
-		at += len(p)
 	}
-	inRing += lentSpanBytes * len(w.spans)
-	if len(w.spans) == 0 || uint64(inRing) > w.r.size-4 {
+	inRing, ok := w.spanFrameLayout(pieces)
+	if !ok {
 		return w.write(pieces, total)
 	}
 	lent := total - (inRing - 4 - lentSpanBytes*len(w.spans))
 	if err := w.awaitLendingRoom(lent); err != nil {
 		return err
 	}
+	if err := w.writeSpans(pieces, inRing, lendsFlag); err != nil {
+		return err
+	}
+	w.lentTo.Store(w.head)
+	w.lent = append(w.lent, lentFrame{end: w.head, n: lent})
+	w.lentBytes += lent
+	return nil
+}
+
+// spanFrameLayout sets the frame positions of w.spans (chosen by piece, in order) and returns
+// how many bytes the frame puts in the ring; ok is unset if it has no span or too big a rest
+// for the ring.
+func (w *ringWriter) spanFrameLayout(pieces [][]byte) (inRing int, ok bool) {
+	inRing, at, next := 4, 0, 0
+	for i, p := range pieces {
+		if next < len(w.spans) && w.spans[next].piece == i {
+			w.spans[next].at = at
+			next++
+		} else {
+			inRing += len(p)
+		}
+		at += len(p)
+	}
+	inRing += lentSpanBytes * len(w.spans)
+	return inRing, len(w.spans) > 0 && uint64(inRing) <= w.r.size-4
+}
+
+// writeSpans writes a frame of pieces whose spans (w.spans, laid out by spanFrameLayout) are
+// not in the ring: its length word with flags, the span table, the other pieces.
+func (w *ringWriter) writeSpans(pieces [][]byte, inRing int, flags uint32) error {
 	var head [4 + 4 + lentSpanBytes*maxLentSpans]byte
-	putUint32(head[:], uint32(inRing)|lendsFlag)
+	putUint32(head[:], uint32(inRing)|flags)
 	putUint32(head[4:], uint32(len(w.spans)))
 	table := head[8:]
 	for i, sp := range w.spans {
@@ -274,13 +301,7 @@ func (w *ringWriter) writeLending(pieces [][]byte, referenced func(int) bool, to
 			return err
 		}
 	}
-	if err := w.publish(); err != nil {
-		return err
-	}
-	w.lentTo.Store(w.head)
-	w.lent = append(w.lent, lentFrame{end: w.head, n: lent})
-	w.lentBytes += lent
-	return nil
+	return w.publish()
 }
 
 // awaitLendingRoom waits until the consumer has read enough of what was lent that n more bytes
@@ -320,10 +341,14 @@ func (w *ringWriter) settle(lentTo uint64) error {
 
 // beginLending starts reading a frame that lends memory, inRing of whose bytes are in the
 // ring; it returns the frame's length, at most maxLen.
-func (r *ringReader) beginLending(inRing, maxLen int) (int, error) {
-	if r.lender == nil {
+func (r *ringReader) beginLending(inRing, maxLen int, placed bool) (int, error) {
+	if placed && r.area == nil {
+		return 0, fmt.Errorf("%w: its bytes are in a landing area, which this stream does not read", transport.ErrMalformed)
+	}
+	if !placed && r.lender == nil {
 		return 0, fmt.Errorf("%w: it lends memory, which this stream does not read", transport.ErrMalformed)
 	}
+	r.spansPlaced = placed
 	if inRing < 4 || uint64(inRing) > r.r.size-4 {
 		return 0, fmt.Errorf("%w: a lending frame with %d bytes in a ring of %d", transport.ErrMalformed, inRing, r.r.size)
 	}
@@ -350,6 +375,9 @@ func (r *ringReader) beginLending(inRing, maxLen int) (int, error) {
 		sp := lentSpan{at: int(getUint32(e)), n: int(getUint32(e[4:])), addr: uint64(getUint32(e[8:])) | uint64(getUint32(e[12:]))<<32}
 		if sp.at < end || sp.n < 1 || sp.n > maxLen {
 			return 0, fmt.Errorf("%w: lent byte string %d at %d+%d overlaps or is empty", transport.ErrMalformed, i, sp.at, sp.n)
+		}
+		if placed && (sp.addr > uint64(len(r.area)) || uint64(sp.n) > uint64(len(r.area))-sp.addr) {
+			return 0, fmt.Errorf("%w: byte string %d at %d+%d of a %d-byte landing area", transport.ErrMalformed, i, sp.addr, sp.n, len(r.area))
 		}
 		r.spans = append(r.spans, sp)
 		end = sp.at + sp.n
@@ -386,6 +414,18 @@ func (r *ringReader) readLent(p []byte) (n int, lent bool, err error) {
 			continue
 		}
 		n = min(len(p), sp.at+sp.n-pos)
+		if n == 0 {
+			return 0, true, nil
+		}
+		if r.spansPlaced {
+			// Nothing to copy when the bytes are read into where they already are: the
+			// message's landing.
+			if src := r.area[sp.addr+uint64(pos-sp.at):][:n]; &src[0] != &p[0] {
+				copy(p[:n], src)
+			}
+			r.left -= n
+			return n, true, nil
+		}
 		if err := r.lender.read(p[:n], sp.addr+uint64(pos-sp.at)); err != nil {
 			// A lender that died cut the frame short: that is why the read ended (waitErr),
 			// not a malformed frame. (One that took its loan back is found by readFrame.)

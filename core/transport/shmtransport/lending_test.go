@@ -30,6 +30,7 @@ func lendingPair(t *testing.T, lending bool) (client, server *stream) {
 		t.Fatal(err)
 	}
 	lt.noLending, dt.noLending = !lending, !lending
+	lt.noLandings, dt.noLandings = !lending, !lending
 	c, s, err := connect(t, dt, lt)
 	if err != nil {
 		t.Fatal(err)

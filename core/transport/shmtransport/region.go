@@ -8,7 +8,8 @@ import (
 
 // A region holds the rings of one stream: two lanes (small frames, and the frames of big
 // messages), each with a ring per direction; all four control blocks first, then the data
-// areas. The dialer writes direction 0 of each lane and reads direction 1; the listener the
+// areas, then a landing area per direction for big messages (placing.go). The memfd is sparse:
+// only the pages written take memory. The dialer writes direction 0 of each lane and reads direction 1; the listener the
 // other way round.
 const (
 	laneSmall = 0
@@ -32,8 +33,20 @@ func laneBytes(lane, ringBytes int) int {
 	return ringBytes
 }
 
-func regionBytes(ringBytes int) int {
+func ringsBytes(ringBytes int) int {
 	return 4*ctrlBytes + 2*laneBytes(laneSmall, ringBytes) + 2*laneBytes(laneBulk, ringBytes)
+}
+
+// regionBytes is the size of a region for rings of ringBytes: the rings, then a landing area
+// per direction (placing.go).
+func regionBytes(ringBytes int) int {
+	return ringsBytes(ringBytes) + 2*LandingAreaBytes
+}
+
+// landingArea is the landing area written in direction dir of a region for rings of ringBytes.
+func landingArea(mem []byte, dir, ringBytes int) []byte {
+	at := ringsBytes(ringBytes) + dir*LandingAreaBytes
+	return mem[at : at+LandingAreaBytes : at+LandingAreaBytes]
 }
 
 func validRingBytes(n int) bool {

@@ -45,6 +45,12 @@ type ringCtrl struct {
 	// yet (its stream is ending); the consumer checks it after reading lent memory.
 	revoked atomic.Uint32
 	probe   [16]byte
+	// readsLandings is set by the consumer of a bulk ring that takes big messages written
+	// into the landing area of its direction; landings[k] is 1 while landing k is the
+	// consumer's (set by the producer, cleared by the consumer when nothing reads it any
+	// more; placing.go).
+	readsLandings atomic.Uint32
+	landings      [maxLandings]atomic.Uint32
 }
 
 // ring is one direction of a stream: its control block and data area in a mapped region.
@@ -219,6 +225,15 @@ type ringReader struct {
 	lender   *lender
 	spans    []lentSpan
 	frameLen int
+	// area is the producer's landing area if this reader takes messages written there (nil:
+	// it does not); spansPlaced says the current frame's spans are offsets in it, landing is
+	// the landing the current frame (a big message's header) announces, and land hands a
+	// landing over (placing.go).
+	area        []byte
+	mapped      uint64 // how much of area, from its start, this process has mapped
+	spansPlaced bool
+	landing     landingTrailer
+	land        func(slot int) (release func())
 }
 
 // ready reports, without waiting, whether a whole frame can be read (for a frame bigger than the
@@ -246,7 +261,7 @@ func (r *ringReader) peek() (n uint64, known bool, err error) {
 	at := r.tail & (r.r.size - 1)
 	k := copy(prefix[:], r.r.data[at:])
 	copy(prefix[k:], r.r.data)
-	return uint64(getUint32(prefix[:]) &^ lendsFlag), true, nil
+	return uint64(getUint32(prefix[:]) &^ (lendsFlag | placesFlag)), true, nil
 }
 
 // lengthBytes is the size of a frame's length prefix.
@@ -321,7 +336,7 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 	// failed: it revokes before it does. The load comes after the reads (a syscall each) and
 	// pairs with the producer's store, both sequentially consistent atomics on coherent shared
 	// memory: a read that overlapped the reuse finds the flag set.
-	if len(r.spans) > 0 && r.r.ctrl.revoked.Load() != 0 {
+	if len(r.spans) > 0 && !r.spansPlaced && r.r.ctrl.revoked.Load() != 0 {
 		return nil, errRevoked
 	}
 	if err != nil {
@@ -335,6 +350,11 @@ func (r *ringReader) readFrame(dec *msgpack.Decoder, sink wire.ChunkSink) (*wire
 	if err := r.end(); err != nil {
 		return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
 	}
+	if r.landing.n > 0 {
+		if err := r.attachLanding(f); err != nil {
+			return nil, fmt.Errorf("%w: %w", transport.ErrMalformed, err)
+		}
+	}
 	return f, nil
 }
 
@@ -347,13 +367,20 @@ func (r *ringReader) begin(maxLen int) (int, error) {
 		return 0, err
 	}
 	word := getUint32(prefix[:])
-	if word&lendsFlag != 0 && r.whole {
-		return 0, fmt.Errorf("%w: a frame lends memory in the small lane", transport.ErrMalformed)
+	r.landing = landingTrailer{}
+	if word&(lendsFlag|placesFlag) != 0 && r.whole {
+		return 0, fmt.Errorf("%w: a frame lends memory or lands a message in the small lane", transport.ErrMalformed)
 	}
 	if word&lendsFlag != 0 {
-		return r.beginLending(int(word&^lendsFlag), maxLen)
+		return r.beginLending(int(word&^(lendsFlag|placesFlag)), maxLen, word&placesFlag != 0)
 	}
 	n := int(word)
+	if word&placesFlag != 0 {
+		var err error
+		if n, err = r.beginLanding(int(word &^ placesFlag)); err != nil {
+			return 0, err
+		}
+	}
 	if n > maxLen {
 		return 0, fmt.Errorf("%w: it announces a %d-byte frame, more than %d", transport.ErrMalformed, n, maxLen)
 	}
@@ -462,4 +489,11 @@ func putUint32(b []byte, v uint32) {
 }
 func getUint32(b []byte) uint32 {
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+func putUint64(b []byte, v uint64) {
+	putUint32(b, uint32(v))
+	putUint32(b[4:], uint32(v>>32))
+}
+func getUint64(b []byte) uint64 {
+	return uint64(getUint32(b)) | uint64(getUint32(b[4:]))<<32
 }

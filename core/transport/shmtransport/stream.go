@@ -30,6 +30,9 @@ type stream struct {
 	mem    []byte
 	lender *lender
 	lanes  [2]lane
+	// placer writes big messages into the landing area of the outgoing direction
+	// (placing.go); used under the bulk lane's sendMu.
+	placer *placer
 	// next is the lane Recv looks at first: the lanes take turns when both have a frame.
 	next int
 	// helloFirst, on an accepted stream until Recv returns its first frame, keeps the bulk
@@ -96,9 +99,11 @@ func (s *stream) Identity() transport.PeerIdentity {
 
 // newStream runs over mem, writing direction out of each lane and reading direction 1-out;
 // lender is the peer's process if this side reads what it lends (nil: it does not), which the
-// stream then owns.
-func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, lender *lender, peer string) *stream {
+// stream then owns; takeLandings says whether it takes big messages the peer writes into its
+// landing area.
+func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, lender *lender, takeLandings bool, peer string) *stream {
 	s := &stream{conn: conn, mem: mem, lender: lender, peer: peer, done: make(chan struct{}), threadPoll: spinWait, readerPoll: spinWait}
+	s.placer = newPlacer(landingArea(mem, out, ringBytes), ringAt(mem, laneBulk, out, ringBytes).ctrl)
 	for i := range s.lanes {
 		l := &s.lanes[i]
 		l.out = ringWriter{r: ringAt(mem, i, out, ringBytes), wake: s.wakePeer, broken: s.broken}
@@ -106,6 +111,12 @@ func newStream(conn *net.UnixConn, mem []byte, ringBytes, out int, lender *lende
 		// its own read of the socket, so it needs no poll of it on every wait.
 		l.in = ringReader{r: ringAt(mem, i, 1-out, ringBytes), sleep: s.sleep, broken: s.goneErr, lender: lender}
 		l.dec = msgpack.NewDecoder(nil)
+	}
+	if takeLandings {
+		in := &s.lanes[laneBulk].in
+		in.area = landingArea(mem, 1-out, ringBytes)
+		in.land = func(slot int) func() { return s.landingHold(in.r.ctrl, slot) }
+		in.r.ctrl.readsLandings.Store(1)
 	}
 	return s
 }
@@ -131,9 +142,27 @@ func (s *stream) Send(f *wire.Frame) error {
 	if total > wire.MaxFrameBytes {
 		return fmt.Errorf("frame of %d bytes is over the limit of %d", total, wire.MaxFrameBytes)
 	}
-	if f.Kind == wire.FrameChunk && l.out.r.ctrl.readsLender.Load() == 1 {
-		err = l.out.writeLending(pieces, l.parts.Referenced, total)
-	} else {
+	switch {
+	case l == &s.lanes[laneSmall]:
+		err = l.out.write(pieces, total)
+	case len(f.Sizes) > 0:
+		if landing, ok := s.placer.begin(f); ok {
+			err = l.out.writeLandingHeader(pieces, total, landing)
+		} else {
+			err = l.out.write(pieces, total)
+		}
+	case f.Kind == wire.FrameChunk:
+		if at, ok := s.placer.place(f); ok {
+			err = l.out.writePlacedChunk(pieces, f.Payload, at, total)
+		} else if l.out.r.ctrl.readsLender.Load() == 1 {
+			err = l.out.writeLending(pieces, l.parts.Referenced, total)
+		} else {
+			err = l.out.write(pieces, total)
+		}
+	default:
+		if f.Kind == wire.FrameAbort {
+			s.placer.forget(f.ID)
+		}
 		err = l.out.write(pieces, total)
 	}
 	if err != nil {
@@ -175,6 +204,8 @@ func (s *stream) ChunkBytes() int {
 		return 0
 	}
 	defer s.leave()
+	// Not for landings alone: where lending is off, a message too big for a landing goes
+	// through the ring, in the agent's chunks.
 	if s.lanes[laneBulk].out.r.ctrl.readsLender.Load() == 1 {
 		return LentChunkBytes
 	}
@@ -575,6 +606,7 @@ func (s *stream) leave() {
 	s.mu.Unlock()
 	if last {
 		unix.Munmap(s.mem)
+		s.placer.unmapped()
 		s.lender.close()
 	}
 }

@@ -44,8 +44,9 @@ type Transport struct {
 	sec       secure.World
 	hostKey   string
 	ringBytes int
-	// noLending keeps this side from reading what peers lend (tests of the ring alone).
-	noLending bool
+	// noLending keeps this side from reading what peers lend, and noLandings from taking
+	// messages written into landings (tests of the other paths).
+	noLending, noLandings bool
 
 	mu       sync.Mutex
 	listener *net.UnixListener
@@ -116,7 +117,7 @@ func (t *Transport) setUp(conn *net.UnixConn, serve func(transport.Stream)) {
 		return
 	}
 	conn.SetDeadline(time.Time{})
-	s := newStream(conn, mem, ringBytes, 1, lender, "the worker at "+peerName(conn))
+	s := newStream(conn, mem, ringBytes, 1, lender, !t.noLandings, "the worker at "+peerName(conn))
 	s.hostAddrPrefix = addrPrefix + t.hostKey + "/"
 	s.helloFirst = true
 	if !t.track(s) {
@@ -174,7 +175,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 		return nil, fmt.Errorf("set up shared memory with %s: %w", addr, err)
 	}
 	conn.SetDeadline(time.Time{})
-	s := newStream(conn, mem, t.ringBytes, 0, lender, "the worker at "+addr)
+	s := newStream(conn, mem, t.ringBytes, 0, lender, !t.noLandings, "the worker at "+addr)
 	if !t.track(s) {
 		return nil, transport.ErrClosed
 	}

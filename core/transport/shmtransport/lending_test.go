@@ -240,8 +240,7 @@ func TestLentBytesAreBoundedByTheWindow(t *testing.T) {
 // payload as a chunk.
 func lentChunkRing(t *testing.T, payload []byte) ring {
 	t.Helper()
-	words := make([]uint64, regionBytes(MinRingBytes)/8)
-	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+	mem := fuzzRegion()
 	rg := ringAt(mem, laneBulk, 0, MinRingBytes)
 	w := &ringWriter{r: rg, wake: func(uint32) error { return nil }, broken: func() error { return nil }}
 	var p wire.Parts

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
-	"unsafe"
 
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
@@ -21,8 +20,7 @@ func TestAFrameCutShortIsNotMalformed(t *testing.T) {
 	for _, piece := range pieces {
 		encoded = append(encoded, piece...)
 	}
-	words := make([]uint64, regionBytes(MinRingBytes)/8)
-	mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+	mem := fuzzRegion()
 	rg := ringAt(mem, laneSmall, 0, MinRingBytes)
 	written := copy(rg.data, encoded[:MinRingBytes/2])
 	rg.ctrl.head.Store(uint64(written))

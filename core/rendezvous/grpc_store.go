@@ -19,7 +19,8 @@ const (
 	storeService    = "tensorplay.rpc.Store"
 	storeGatherPath = "/" + storeService + "/Gather"
 	storeMemberPath = "/" + storeService + "/Member"
-	// storeGrace is how long a closing store keeps answering rounds already under way.
+	// storeGrace bounds how long a closing store takes to send the replies it has (the rounds
+	// still waiting fail at once: their host is leaving).
 	storeGrace = 3 * time.Second
 	// ReplySlack is how much longer a client waits than it asks the store to.
 	ReplySlack = 2 * time.Second
@@ -58,6 +59,11 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLS
 					return nil, err
 				}
 				values, err := store.Gather(ctx, req)
+				if errors.Is(err, errStoreClosed) {
+					// Aborted, which the client reads as ErrStoreGone and never retries: the
+					// round cannot complete, whatever kind it is.
+					return nil, status.Error(codes.Aborted, err.Error())
+				}
 				if err != nil {
 					return nil, status.Error(codes.FailedPrecondition, err.Error())
 				}
@@ -80,7 +86,7 @@ func ServeStore(addr string, store *MemStore, token string, tlsFiles *secure.TLS
 		}},
 	}, struct{}{})
 	go srv.Serve(lis)
-	return &StoreServer{srv: srv, addr: lis.Addr().String()}, nil
+	return &StoreServer{srv: srv, store: store, addr: lis.Addr().String()}, nil
 }
 
 // recoverStorePanic turns a panic of a store handler into an error: gRPC does not recover
@@ -94,15 +100,18 @@ func recoverStorePanic(err *error) {
 
 // StoreServer is a MemStore served over gRPC.
 type StoreServer struct {
-	srv  *grpc.Server
-	addr string
+	srv   *grpc.Server
+	store *MemStore
+	addr  string
 }
 
 // Addr is the address the store listens on.
 func (s *StoreServer) Addr() string { return s.addr }
 
-// Close lets rounds under way finish, for a bounded time, then stops.
+// Close fails the rounds still waiting (this store's host will not join them), lets the
+// replies under way go out for a bounded time, then stops.
 func (s *StoreServer) Close() error {
+	s.store.stopServing()
 	done := make(chan struct{})
 	go func() { s.srv.GracefulStop(); close(done) }()
 	select {
@@ -173,6 +182,8 @@ func (s *RemoteStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, 
 		return nil, fmt.Errorf("the rendezvous store at %s refused this worker: %s", s.addr, st.Message())
 	case st.Code() == codes.FailedPrecondition:
 		return nil, errors.New(st.Message())
+	case st.Code() == codes.Aborted:
+		return nil, fmt.Errorf("%w: %s", ErrStoreGone, st.Message())
 	case req.FailFast && st.Code() == codes.Unavailable:
 		return nil, fmt.Errorf("%w: round %q: the rendezvous store at %s: %s", ErrStoreGone, req.Round, s.addr, st.Message())
 	case st.Code() == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):

@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -58,7 +59,15 @@ type MemStore struct {
 	// admitted counts the requests enter took into a round, retries included: tests wait on
 	// it to know a request reached the store.
 	admitted int
+
+	// closed is set when the host stops serving the store: rounds under way failed then, and
+	// no new one opens.
+	closed bool
 }
+
+// errStoreClosed ends the rounds under way when the store's host leaves: their participants
+// hear at once that the store is gone, rather than wait for a host that will not join.
+var errStoreClosed = errors.New("the rendezvous store closed: the worker that hosted it left")
 
 type gatherRound struct {
 	name   string
@@ -225,6 +234,9 @@ func (s *MemStore) enter(req GatherRequest) (*gatherRound, error) {
 		if done := s.completed[req.Round]; done != nil && done.rejoins(req) {
 			return done, nil
 		}
+		if s.closed {
+			return nil, fmt.Errorf("round %q: %w", req.Round, errStoreClosed)
+		}
 		if err, over := s.finished[req.Round]; over {
 			if err != nil {
 				return nil, err // what it would have heard had it come in time
@@ -306,5 +318,19 @@ func (s *MemStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, err
 	return r.values, nil
 }
 
-// Close implements Store; a MemStore holds nothing to release.
+// Close implements Store; a MemStore holds nothing to release. (Tests' workers share one
+// MemStore, so closing it as one of them must not end the others' rounds; stopServing does
+// that for the store's host.)
 func (s *MemStore) Close() error { return nil }
+
+// stopServing fails every round under way with errStoreClosed and refuses new ones; a
+// participant retrying a project round that completed still gets its values.
+func (s *MemStore) stopServing() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, r := range s.rounds {
+		r.fail(fmt.Errorf("round %q: %w; ranks %s of world size %d never joined", r.name, errStoreClosed, missingRanks(r.size, r.who), r.size))
+		s.retire(r)
+	}
+}

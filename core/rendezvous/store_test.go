@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -367,5 +368,51 @@ func TestStoreWarnsWhenOpenWithoutAToken(t *testing.T) {
 	srv.Close()
 	if !strings.Contains(logged.String(), "rendezvous store listens on") || !strings.Contains(logged.String(), "TENSORPLAY_RPC_TOKEN") {
 		t.Fatalf("want a warning naming the store and the token:\n%s", logged.String())
+	}
+}
+
+// TestClosingTheStoreEndsTheRoundsItsHostWillNotJoin: when the store's host leaves (a
+// non-graceful shutdown of rank 0 while the others wait in the shutdown barrier, or a join
+// that timed out on rank 0 first), the rounds still waiting fail at once as the store being
+// gone, naming who never came, and new ones are refused, instead of waiting for the host or
+// for the close to give up on them.
+func TestClosingTheStoreEndsTheRoundsItsHostWillNotJoin(t *testing.T) {
+	tests := []struct {
+		round       string
+		failFast    bool
+		wantMissing string
+	}{
+		{round: ShutdownRound, failFast: true, wantMissing: "ranks [0 2] of world size 3 never joined"},
+		{round: JoinRound, failFast: false, wantMissing: "ranks [0 2] of world size 3 never joined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.round, func(t *testing.T) {
+			ctx := storeTestContext(t)
+			mem := NewMemStore(3)
+			srv, err := ServeStore("127.0.0.1:0", mem, "", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			remote, err := DialStore(srv.Addr(), "", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer remote.Close()
+			waiting := make(chan error, 1)
+			go func() {
+				_, err := remote.Gather(ctx, GatherRequest{Round: tt.round, Rank: 1, Size: 3, Who: `"w1"`, Value: []byte{1}, WaitMs: 15_000, FailFast: tt.failFast})
+				waiting <- err
+			}()
+			eventually(t, "rank 1 reached the store", func() bool { return admitted(mem) == 1 })
+			srv.Close()
+			err = <-waiting
+			if !errors.Is(err, ErrStoreGone) || !strings.Contains(err.Error(), "hosted it left") || !strings.Contains(err.Error(), tt.wantMissing) {
+				t.Fatalf("the waiting round ended with %v; want ErrStoreGone saying its host left and %q", err, tt.wantMissing)
+			}
+			_, err = mem.Gather(ctx, GatherRequest{Round: "late", Rank: 0, Size: 3, Who: `"w0"`, Value: []byte{0}, WaitMs: 15_000})
+			if !errors.Is(err, errStoreClosed) {
+				t.Fatalf("a round opened after the close ended with %v; want errStoreClosed", err)
+			}
+		})
 	}
 }

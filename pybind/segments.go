@@ -41,7 +41,9 @@ func (s *Segments) CopySegment(i int, addr uintptr) (err error) {
 	}
 	src := s.segment(i)
 	if len(src) > 0 {
-		copy(unsafe.Slice((*byte)(pythonMemory(addr)), len(src)), src)
+		dst := unsafe.Slice((*byte)(pythonMemory(addr)), len(src))
+		readyFresh(dst)
+		copy(dst, src)
 	}
 	return nil
 }

@@ -97,7 +97,7 @@ def test_replies_to_dropped_futures_give_their_memory_back():
 def test_bytes_like_round_trips():
     out = run_world("payloads:bytes_like_round_trips", 2)[0].value
     kinds = ("bytes-empty", "bytes-small", "bytes-1k", "bytes-big", "bytearray-empty", "bytearray-small", "bytearray-big",
-             "memoryview-bytes", "memoryview-2d", "memoryview-strided", "mixed")
+             "memoryview-bytes", "memoryview-2d", "memoryview-strided", "mixed", "bytes-huge", "bytes-over-a-landing", "mixed-huge")
     assert sorted(out) == sorted(kinds), f"cases reported: {sorted(out)}"
     assert [k for k in kinds if out[k] is not True] == [], "these came back different"
 

@@ -827,9 +827,15 @@ class TensorPipeAgent(RpcAgent):
             parts: List[BufferLike] = []
             offset = 0
             for i, size in enumerate(data_sizes):
-                part = view[offset : offset + size]
+                if came_as_bytes(kinds, i):
+                    # Copied by Go, which readies a big fresh bytes object's pages first.
+                    copied, address = new_bytes(size)
+                    if size:
+                        go_segments.CopySegment(i, address)
+                    parts.append(copied)
+                else:
+                    parts.append(view[offset : offset + size])
                 offset += size
-                parts.append(bytes(part) if came_as_bytes(kinds, i) else part)
             return parts[0], parts[1:]
         parts = []
         for i, size in enumerate(data_sizes):

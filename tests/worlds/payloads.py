@@ -242,11 +242,19 @@ def bytes_like_round_trips(rank, world_size):
             "memoryview-2d": memoryview(bytearray(blob[:4096])).cast("i", (32, 32)),
             "memoryview-strided": memoryview(blob)[::2],
             "mixed": [b"k" * 5000, bytearray(b"v" * 70000), {"n": np.arange(10_000)}, "text"],
+            # Big bytes are copied out by Go into memory it readies first (huge pages,
+            # populated); over shared memory the first lands, the second is over a landing.
+            "bytes-huge": os.urandom(40 << 20),
+            "bytes-over-a-landing": os.urandom(72 << 20),
+            "mixed-huge": [os.urandom(9 << 20), np.arange(1 << 20, dtype=np.float64), os.urandom(24 << 20) + b"end"],
         }
         for name, value in cases.items():
             back = rpc.rpc_sync("worker1", echo, args=(value,))
             if isinstance(value, memoryview):
                 same = type(back) is memoryview and back.tolist() == value.tolist() and back.format == value.format
+            elif name == "mixed-huge":
+                same = [type(b) for b in back] == [bytes, np.ndarray, bytes] and back[0] == value[0] and back[2] == value[2]
+                same = same and np.array_equal(back[1], value[1])
             elif name == "mixed":
                 same = back[0] == value[0] and back[1] == value[1] and np.array_equal(back[2]["n"], value[2]["n"]) and back[3] == "text"
                 same = same and type(back[1]) is bytearray

@@ -821,29 +821,24 @@ class TensorPipeAgent(RpcAgent):
             kinds, address = new_bytes(sizes[-1])
             go_segments.CopySegment(count - 1, address)
             data_sizes = sizes[:-1]
+        # A message in one pooled buffer is lent in place; bytes, and every segment of any
+        # other message, are copied by Go (which readies a big new object's pages first).
         base = go_segments.Lend()
-        if base:
-            view = lent_view(base, sum(sizes), functools.partial(self._go_agent.Return, go_segments.LendID()))
-            parts: List[BufferLike] = []
-            offset = 0
-            for i, size in enumerate(data_sizes):
-                if came_as_bytes(kinds, i):
-                    # Copied by Go, which readies a big fresh bytes object's pages first.
-                    copied, address = new_bytes(size)
-                    if size:
-                        go_segments.CopySegment(i, address)
-                    parts.append(copied)
-                else:
-                    parts.append(view[offset : offset + size])
-                offset += size
-            return parts[0], parts[1:]
-        parts = []
+        view = lent_view(base, sum(sizes), functools.partial(self._go_agent.Return, go_segments.LendID())) if base else None
+        parts: List[BufferLike] = []
+        offset = 0
         for i, size in enumerate(data_sizes):
-            buf, address = new_bytes(size) if came_as_bytes(kinds, i) else new_bytearray(size)
-            if size:
-                go_segments.CopySegment(i, address)
-            parts.append(buf)
-        go_segments.Release()
+            as_bytes = came_as_bytes(kinds, i)
+            if view is not None and not as_bytes:
+                parts.append(view[offset : offset + size])
+            else:
+                buf, address = new_bytes(size) if as_bytes else new_bytearray(size)
+                if size:
+                    go_segments.CopySegment(i, address)
+                parts.append(buf)
+            offset += size
+        if view is None:
+            go_segments.Release()
         return parts[0], parts[1:]
 
     def _reply_outcome(self, go_request: Any, fut: Future[Any]) -> None:

@@ -204,6 +204,15 @@ func (c *Call) Discard() {
 	}
 }
 
+// Abandon is Discard for a call whose request Go sends from Python's memory in place (borrow)
+// and whose future Python dropped unsettled: the frame writer, or over shared memory the peer,
+// may still be reading that memory, so Python keeps it until the event notifyID (NextEvent)
+// says the request is no longer read, and only then lets it go.
+func (c *Call) Abandon(notifyID int64) {
+	c.Discard()
+	c.postDone(notifyID)
+}
+
 // Call sends the message whose nseg segments the table at table names to method (PyMethod
 // for a pickled Python-level message) on worker to. With
 // borrow it is sent from Python's memory in place, and Python keeps the buffers alive and

@@ -162,3 +162,12 @@ def test_size_limits_refuse_cleanly():
         "a result over the limit fails the call, saying it was the reply": lambda o: "too large" in o["too_big_result"] and "reply" in o["too_big_result"],
         "a call at the limit still goes through after": lambda o: o["still_serving"] == 8 << 20,
     })
+
+
+def test_dropped_futures_of_big_calls_keep_their_memory_until_sent(each_transport):
+    out = run_world("payloads:dropped_big_requests", 2, timeout=180)[0].value
+    expect_behaviours(out, {
+        "every dropped call arrived": lambda o: o["calls"] == o["sent"] == 32,
+        "each arrived as sent, not as what reused its memory": lambda o: o["wrong"] == 0,
+        "the kept memory is let go once sent": lambda o: o["abandoned_left"] == 0 and o["dropped_arrays_alive"] == 0,
+    })

@@ -167,6 +167,28 @@ def install_agent(agent: Optional["TensorPipeAgent"], expected: Optional["Tensor
         _current = agent
 
 
+# Requests sent from Python's memory in place whose futures were dropped before they were sent
+# (see _abandon), by the id of the event that says Go no longer reads them. Kept by the module,
+# not the agent: a table an agent never heard back about is then never freed, rather than freed
+# while a writer may still read it.
+_abandoned: Dict[int, SegmentTable] = {}
+# Their ids start far above any notify id (a count per agent from 1), so one event id space
+# serves both.
+_FIRST_ABANDONED_ID = 1 << 62
+_abandoned_ids = itertools.count(_FIRST_ABANDONED_ID)
+
+
+def _abandon(go_call: Any, table: SegmentTable) -> None:
+    """Keep the buffers of a call whose future was dropped until Go no longer reads them.
+
+    Runs in ``__del__``, on whatever thread the collector runs: no lock is taken (a dict's
+    item assignment and ``next`` on a count are atomic under the GIL).
+    """
+    abandoned_id = next(_abandoned_ids)
+    _abandoned[abandoned_id] = table
+    go_call.Abandon(abandoned_id)
+
+
 class _CallFuture(Future[Any]):
     """The future of an outgoing call. It holds the Go call until the reply is turned into its
     result. A thread that waits collects the reply from Go itself; the event thread settles
@@ -209,11 +231,16 @@ class _CallFuture(Future[Any]):
         # Dropped unsettled: nobody will read the reply, whose memory (for a big one, shared
         # memory its sender reuses only once it is released) goes back when it comes.
         go_call = getattr(self, "_go_call", None)
-        if go_call is not None:
-            try:
+        if go_call is None:
+            return
+        table = self._table
+        try:
+            if table is None:
                 go_call.Discard()
-            except Exception:  # interpreter shutdown may have torn the extension down
-                pass
+            else:
+                _abandon(go_call, table)
+        except Exception:  # interpreter shutdown may have torn the extension down
+            pass
 
     def _before_torch_wait(self, blocking: bool) -> None:
         """A torch function is about to wait on this future's torch state (see Future)."""
@@ -728,9 +755,13 @@ class TensorPipeAgent(RpcAgent):
                 logger.exception("handling an event failed")
 
     def _handle_event(self, event: int) -> None:
-        """``event`` is what NextEvent gave: a completed call's notify id, or minus the kind
-        of another event."""
-        if event > 0:
+        """``event`` is what NextEvent gave: a completed call's notify id (or an abandoned
+        request's, see _abandon), or minus the kind of another event."""
+        if event >= _FIRST_ABANDONED_ID:
+            table = _abandoned.pop(event, None)
+            if table is not None:
+                table.release()
+        elif event > 0:
             with self._pending_lock:
                 fut = self._pending.pop(event, None)
             if fut is not None:

@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 
@@ -457,5 +458,63 @@ def size_limits(rank, world_size):
             except RuntimeError as exc:
                 out[name] = str(exc)
         out["still_serving"] = rpc.rpc_sync("worker1", make, args=(8 << 20,)).size
+    rpc.shutdown()
+    return out
+
+
+_verified = {"calls": 0, "wrong": 0}
+
+
+def verify_filled(tag, payload):
+    """Runs on the callee: count a payload that is not ``tag`` in every byte."""
+    view = np.frombuffer(payload, dtype=np.uint8)
+    _verified["calls"] += 1
+    if view.size != 64 << 20 or not bool((view == tag).all()):
+        _verified["wrong"] += 1
+    return None
+
+
+def verified():
+    return dict(_verified)
+
+
+def dropped_big_requests(rank, world_size):
+    """Futures of 64 MiB calls dropped at once, as bytes and as arrays, while other big calls
+    are queued ahead of them (and RRefs dropped while their creation is in flight): the
+    memory Go sends from must outlive the send, not the future. Freed early, the sending
+    process dies in the frame writer's copy (or the peer reads whatever reused the memory);
+    kept, every payload arrives as sent."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        kept, sent, dropped_arrays = [], 0, []
+        for round_ in range(8):
+            tag = round_ + 1
+            # Queued ahead: the dropped ones wait behind it, still unsent as they are freed.
+            kept.append(rpc.rpc_async("worker1", verify_filled, args=(tag, np.full(64 << 20, tag, np.uint8))))
+            rpc.rpc_async("worker1", verify_filled, args=(tag, bytes([tag]) * (64 << 20)))
+            array = np.full(64 << 20, tag, np.uint8)
+            dropped_arrays.append(weakref.ref(array))
+            rpc.rpc_async("worker1", verify_filled, args=(tag, array))
+            del array
+            rref = rpc.remote("worker1", verify_filled, args=(tag, bytes([tag]) * (64 << 20)))
+            del rref
+            sent += 4
+            gc.collect()
+            # Reuse the freed pages at once, with bytes that are not the tag.
+            scribble = [np.full(64 << 20, 0xEE, np.uint8) for _ in range(3)]
+            del scribble
+        for fut in kept:
+            fut.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = rpc.rpc_sync("worker1", verified)
+            if got["calls"] >= sent:
+                break
+            time.sleep(0.1)
+        out.update(got, sent=sent)
+        gc.collect()
+        out["abandoned_left"] = len(_agent._abandoned)
+        out["dropped_arrays_alive"] = sum(ref() is not None for ref in dropped_arrays)
     rpc.shutdown()
     return out

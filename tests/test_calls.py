@@ -1,5 +1,7 @@
 """Calls between real worker processes: results, names, errors, timeouts, threads."""
 
+import json
+
 import pytest
 
 from conftest import expect_behaviours, raised, run_world
@@ -114,6 +116,26 @@ def test_rank_and_world_size_from_environment():
 def test_seed_example_runs_as_main(tmp_path):
     results = run_world("scripts", 2, script="scripts/seed_example.py")
     assert results[0].output.split() == ["7", "42", "15", "abcd"]
+
+
+def test_main_functions_and_classes_go_by_reference():
+    """torch's parameter-server tutorial's pattern: a __main__ function reading a global behind
+    a lock (by value, the lock could not be pickled)."""
+    output = run_world("scripts", 2, script="scripts/main_by_reference.py", timeout=60)[0].output
+    out = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    expect_behaviours(out, {
+        "a __main__ function uses the callee's global, made once under its lock":
+            lambda o: o["server"] == [["worker1", 1], ["worker1", 2], ["worker1", 3]] and o["server_async"] == ["worker1", 4],
+        "module state changed by __main__ functions persists across calls": lambda o: o["bumps"] == [1, 2, 3] and o["bumps_here"] == [],
+        "instances of __main__ classes and Enum members are the callee's own": lambda o: o["inspect"] == [True, True, True, 5],
+        "and come back as the caller's own": lambda o: o["returned_enum_is_ours"] and o["returned_instance_is_ours"],
+        "a big __main__ global stays where it is": lambda o: o["big_marked"] == 7 and o["big_read"] == 7 and o["big_here"] == 0,
+        "and is not sent with the function": lambda o: o["bytes_for_two_calls"] < 64 << 10,
+        "lambdas and closures still go by value": lambda o: o["lambda"] == 42 and o["closure"] == 15,
+        "the RRef proxies resolve __main__ names too": lambda o: o["rref_proxy"] == 5,
+        "a name only the caller's __main__ has fails naming it and the callee":
+            lambda o: o["missing"][0] == "MissingMainNameError" and "only_on_the_caller" in o["missing"][1] and "worker1" in o["missing"][1],
+    })
 
 
 def test_exception_classes_defined_in_main_reach_the_caller_as_themselves():

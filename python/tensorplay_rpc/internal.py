@@ -1,16 +1,19 @@
 """Pickling of calls and results, and remote errors.
 
 Everything a call carries is pickled with protocol 5: buffers that support it travel out of
-band, beside the pickle, never copied into it. Functions that can be imported on the callee go
-by reference; lambdas, closures and functions defined in ``__main__`` go by value (cloudpickle).
+band, beside the pickle, never copied into it. Module-level functions and classes go by
+reference, ``__main__``'s too (resolved in the callee's own ``__main__``, as torch does); lambdas,
+closures and nested functions go by value (cloudpickle).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 import threading
+import time
 import traceback
 import types
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple, cast
@@ -153,10 +156,25 @@ def _torch_uint8() -> Any:
 
 
 def _by_value(obj: Any) -> bool:
-    """Whether a function or class cannot be imported by name on the callee: lambdas,
-    closures and anything defined in __main__ travel by value (cloudpickle)."""
+    """Whether a function or class has no name to be found by on the callee: lambdas and
+    whatever is defined inside a function travel by value (cloudpickle). Module-level ones,
+    ``__main__``'s included, go by reference, as torch sends them: every rank runs the same
+    script, and the callee must use its own object (its globals, locks, class identity)."""
     qualname = getattr(obj, "__qualname__", "")
-    return getattr(obj, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname
+    return "<lambda>" in qualname or "<locals>" in qualname
+
+
+def _worker_name() -> str:
+    """This worker's name, for errors raised while unpickling (or the process's, outside RPC)."""
+    agent = sys.modules.get("tensorplay_rpc._agent")
+    current = getattr(agent, "_current", None) if agent is not None else None
+    info = getattr(current, "info", None)
+    return f"worker {info.name}" if info is not None else f"process {os.getpid()}"
+
+
+class MissingMainNameError(AttributeError):
+    """A function or class the sender named in its ``__main__`` is not in this worker's
+    ``__main__`` (this worker runs another script)."""
 
 
 def _reducers(pickler: "_Pickler") -> Dict[type, Callable[[Any], Any]]:
@@ -233,7 +251,41 @@ _PID_BUFFER = 0
 _PID_BY_VALUE = 1
 
 
+_MISSING = object()
+# How long a call waits for a __main__ name its callee's script has not defined yet.
+_MAIN_NAME_WAIT_S = 2.0
+
+
+def _main_attribute(qualname: str) -> Any:
+    """What ``qualname`` names in this process's ``__main__``, or _MISSING."""
+    found: Any = sys.modules["__main__"]
+    for part in qualname.split("."):
+        found = getattr(found, part, _MISSING)
+        if found is _MISSING:
+            break
+    return found
+
+
 class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module != "__main__":
+            return super().find_class(module, name)
+        found = _main_attribute(name)
+        # The callee's script may still be on its way to the definition (the reference page's
+        # example defines its function after init_rpc): give it a moment, then say what is wrong.
+        deadline = time.monotonic() + _MAIN_NAME_WAIT_S
+        while found is _MISSING and time.monotonic() < deadline:
+            time.sleep(0.01)
+            found = _main_attribute(name)
+        if found is _MISSING:
+            script = getattr(sys.modules["__main__"], "__file__", None) or "an interactive session"
+            raise MissingMainNameError(
+                f"{name!r} is defined in the sender's __main__ but not in the __main__ of {_worker_name()} "
+                f"(which runs {script}): every worker must run the script that defines it, or define it "
+                f"in a module both can import"
+            ) from None
+        return found
+
     def persistent_load(self, pid: Any) -> Any:
         if pid[0] == _PID_BY_VALUE:
             return pickle.loads(pid[1])
@@ -347,11 +399,15 @@ class RemoteException:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         message = _unescape(f"On {where}:\n{_repr(exc)}\n{tb}")
         try:
-            # cloudpickle sends a class defined in __main__ or in a function by value and
+            # By reference where it has a name (a class of __main__ is the caller's own one
+            # there); a class defined in a function goes by value through cloudpickle, which
             # brings it back to the caller's own class object if the caller sent it here.
-            type_ref = cloudpickle.dumps(type(exc), protocol=PROTOCOL)
-        except Exception:  # a class that cannot be pickled: its name and text still go
-            type_ref = None
+            type_ref, _ = _dump(type(exc))
+        except Exception:
+            try:
+                type_ref = cloudpickle.dumps(type(exc), protocol=PROTOCOL)
+            except Exception:  # a class that cannot be pickled: its name and text still go
+                type_ref = None
         return cls(type_ref, f"{type(exc).__module__}.{type(exc).__qualname__}", message, framed=True)
 
     def encode(self) -> bytes:
@@ -376,7 +432,7 @@ class RemoteException:
         exc_type = None
         if self.type_ref is not None:
             try:
-                exc_type = pickle.loads(self.type_ref)
+                exc_type = _Unpickler(io.BytesIO(self.type_ref)).load()
             except Exception:
                 exc_type = None
         short_name = self.type_name.rsplit(".", 1)[-1]

@@ -1,5 +1,5 @@
 """Exception classes defined in __main__, raised by a function defined in __main__, run on
-another worker: they travel by value, and the caller catches the error as its own class, even
+another worker: they travel by reference, and the caller catches the error as its own class, even
 one whose __init__ takes more than a message (made without it: its attributes stay behind)."""
 
 import os

@@ -1,5 +1,6 @@
 """The example from the tensorplay.distributed.rpc reference page, run as __main__ on two
-workers; `add` is defined in __main__, so it travels by value."""
+workers; `add` is defined in __main__ after init_rpc, so the callee's script may reach the
+definition only after the call arrives (the callee waits for it briefly)."""
 
 import os
 import sys

@@ -5,8 +5,9 @@ A small network is cut in two shards, each created on a worker of its own with
 ``rpc.remote``. Rank 0 splits each batch into micro-batches and streams them through the
 shards: shard 1's output stays on its worker as an RRef that shard 2 fetches, so rank 0
 handles only references until the results come back. The tutorial trains with distributed
-autograd, which this package does not have: here rank 0 fetches the shards' weights, computes
-the gradients locally and sends each shard its own.
+autograd; this one does without: rank 0 fetches the shards' weights, computes the gradients
+locally and sends each shard its own (examples/pipeline_autograd.py trains as the tutorial
+does, with distributed autograd and a DistributedOptimizer).
 
     python -m tensorplay_rpc.run --nproc 3 examples/pipeline.py [--backend torch]
 

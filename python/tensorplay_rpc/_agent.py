@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
-from . import _interrupts, _torch_store, constants, crosslang
+from . import _dist_autograd, _interrupts, _torch_store, constants, crosslang
 from ._buffers import BufferLike, SegmentTable, came_as_bytes, lent_view, new_bytearray, new_bytes, scratch
 from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
@@ -656,7 +656,13 @@ class TensorPipeAgent(RpcAgent):
         see RemoteException.to_exception (False for what to_here() raises). ``internal``: the
         future is not handed to user code (never a torch one).
         """
-        segments, context = serialize(message)
+        autograd_context = _dist_autograd.outgoing_context()
+        if autograd_context is None:
+            segments, context = serialize(message)
+        else:  # recorded for distributed autograd: see _dist_autograd
+            message = _dist_autograd.wrap(message, autograd_context, dest.id, reply=False)
+            segments, context = serialize(message, record_grads=True)
+            _dist_autograd.record_sends(message, context.grad_tensors)
         # Forks go to their owners before the message that carries them (core/rref.go).
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
@@ -803,6 +809,10 @@ class TensorPipeAgent(RpcAgent):
                 return
             kind, *body = deserialize(payload, buffers)
             del payload, buffers
+            autograd_context = _dist_autograd.take_received_context()
+            if autograd_context is not None:  # a request made in a distributed autograd context
+                self._serve_in_context(go_request, autograd_context, kind, body)
+                return
             result = self._handlers[kind](*body)
             # The request's memory goes back to Go before the reply leaves: a caller that sends
             # its next big request at once finds the buffer free instead of faulting in another.
@@ -814,6 +824,21 @@ class TensorPipeAgent(RpcAgent):
             result.future.add_done_callback(lambda fut: self._reply_outcome(go_request, fut))
         else:
             self._reply(go_request, result)
+
+    def _serve_in_context(self, go_request: Any, autograd_context: int, kind: str, body: List[Any]) -> None:
+        """Run a request made in a distributed autograd context in that context, so its own RPCs
+        and its reply are recorded in it (an async_execution function's reply too)."""
+        with _dist_autograd.entered(autograd_context):
+            try:
+                result = self._handlers[kind](*body)
+                del body
+            except BaseException as exc:
+                self._reply_error(go_request, exc)
+                return
+            if isinstance(result, Deferred):
+                result.future.add_done_callback(lambda fut: self._reply_outcome(go_request, fut, autograd_context))
+            else:
+                self._reply(go_request, result, autograd_context)
 
     def _serve_function(self, go_request: Any, name: str, payload: Any, buffers: List[Any]) -> None:
         """Run the function exposed as ``name`` (crosslang.expose) for a caller in any language."""
@@ -872,17 +897,24 @@ class TensorPipeAgent(RpcAgent):
             go_segments.Release()
         return parts[0], parts[1:]
 
-    def _reply_outcome(self, go_request: Any, fut: Future[Any]) -> None:
+    def _reply_outcome(self, go_request: Any, fut: Future[Any], autograd_context: Optional[int] = None) -> None:
         try:
             result = fut.wait()
         except BaseException as exc:
             self._reply_error(go_request, exc)
             return
-        self._reply(go_request, result)
+        self._reply(go_request, result, autograd_context)
 
-    def _reply(self, go_request: Any, result: Any) -> None:
+    def _reply(self, go_request: Any, result: Any, autograd_context: Optional[int] = None) -> None:
+        """Answer ``go_request`` with ``result`` (recorded in ``autograd_context``, if the
+        request came in one that this worker still has)."""
         try:
-            segments, context = serialize(result)
+            if autograd_context is not None and _dist_autograd.is_valid_context(autograd_context):
+                result = _dist_autograd.wrap(result, autograd_context, go_request.CallerID(), reply=True)
+                segments, context = serialize(result, record_grads=True)
+                _dist_autograd.record_sends(result, context.grad_tensors)
+            else:
+                segments, context = serialize(result)
             for owner, rref_id, fork_id in context.forks:
                 self.add_fork(owner, rref_id, fork_id, holder=go_request.CallerID())
         except BaseException as exc:  # an unpicklable result fails the call, not the worker
@@ -948,6 +980,7 @@ class TensorPipeAgent(RpcAgent):
         finally:
             _interrupts.disarm()
         self.running = False
+        _dist_autograd.release_all()  # their peers are gone or going too
         self._completer.join(timeout=5)
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)

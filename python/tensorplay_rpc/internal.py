@@ -21,6 +21,7 @@ from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple, cas
 import cloudpickle
 
 from ._buffers import KIND_BYTES, KIND_WRITABLE, BufferLike
+from ._dist_autograd import abandon_receive, received_requiring_grad
 
 __all__ = [
     "FrameworkError",
@@ -42,13 +43,15 @@ OUT_OF_BAND_MIN = 1024
 
 class SendContext:
     """What pickling a message collects besides bytes: the RRef forks it creates, which must be
-    registered with their owners before the message is sent."""
+    registered with their owners before the message is sent, and for a message sent in a
+    distributed autograd context, the tensors it carries that require grad, in order."""
 
-    __slots__ = ("forks",)
+    __slots__ = ("forks", "grad_tensors")
 
-    def __init__(self) -> None:
+    def __init__(self, record_grads: bool = False) -> None:
         # (owner id, rref id, fork id) per fork, ids as (creator, local) pairs
         self.forks: List[Tuple[int, Tuple[int, int], Tuple[int, int]]] = []
+        self.grad_tensors: Optional[List[Any]] = [] if record_grads else None
 
 
 _sending = threading.local()
@@ -90,9 +93,7 @@ def _rebuild_empty_tensor(dtype_name: str, shape: Tuple[int, ...], requires_grad
     import torch
 
     tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
-    if requires_grad:
-        tensor.requires_grad_()
-    return tensor
+    return received_requiring_grad(tensor) if requires_grad else tensor
 
 
 class _TensorBytes:
@@ -126,9 +127,7 @@ def _rebuild_tensor_view(base: Any, dtype_name: str, offset: int, shape: Tuple[i
     import torch
 
     tensor = base.view(getattr(torch, dtype_name)).as_strided(shape, stride, offset)
-    if requires_grad:
-        tensor.requires_grad_()
-    return tensor
+    return received_requiring_grad(tensor) if requires_grad else tensor
 
 
 def _reduce_layout(layout: Any) -> Tuple[Callable[..., Any], Tuple[str]]:
@@ -219,6 +218,12 @@ class _Pickler(pickle.Pickler):
         if data.is_conj() or data.is_neg():  # lazy conjugation or negation: its bytes are not its values
             data = data.resolve_conj().resolve_neg()
         dtype_name = str(data.dtype).rsplit(".", 1)[-1]
+        if obj.requires_grad:
+            # In the order the receiver rebuilds them (received_requiring_grad): the pickle's
+            # memo sends each tensor once.
+            context = current_send_context()
+            if context is not None and context.grad_tensors is not None:
+                context.grad_tensors.append(obj)
         if data.numel() == 0:
             return _rebuild_empty_tensor, (dtype_name, tuple(data.shape), obj.requires_grad)
         item = data.element_size()
@@ -323,18 +328,22 @@ def _dump(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
         out.buffers.clear()
 
 
-def serialize(obj: Any) -> Tuple[List[Any], SendContext]:
+def serialize(obj: Any, record_grads: bool = False) -> Tuple[List[Any], SendContext]:
     """Pickle ``obj``: the message's segments (the pickle, its out-of-band buffers, and if there
-    are any, their kinds) and the context holding the RRef forks it made."""
-    context = SendContext()
+    are any, their kinds) and the context holding the RRef forks it made (and with
+    ``record_grads``, the tensors requiring grad it carries)."""
+    context = SendContext(record_grads)
     _sending.context = context
     try:
         try:
             data, buffers = _dump(obj)
         except (pickle.PicklingError, AttributeError) as fast_path_error:
             # Something only cloudpickle can send (a function of a module the callee lacks,
-            # say); forks made by the failed attempt are dropped with it.
+            # say); forks made by the failed attempt are dropped with it. Its tensors go by
+            # torch's own pickling, which the receiver records nothing for either.
             context.forks.clear()
+            if context.grad_tensors is not None:
+                context.grad_tensors.clear()
             buffers = []
             try:
                 data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
@@ -351,7 +360,11 @@ def serialize(obj: Any) -> Tuple[List[Any], SendContext]:
 
 def deserialize(payload: BufferLike, buffers: Iterable[BufferLike]) -> Any:
     """Unpickle what :func:`serialize` made, given the received payload and buffers."""
-    return _Unpickler(io.BytesIO(payload), buffers=buffers).load()
+    try:
+        return _Unpickler(io.BytesIO(payload), buffers=buffers).load()
+    except BaseException:
+        abandon_receive()
+        raise
 
 
 class FrameworkError(RuntimeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 import weakref
 from typing import Any, Callable, Dict, Generic, Optional, Tuple, TypeVar, cast
@@ -172,6 +173,22 @@ class PyRRef:
         self._python_value("remote()")
         return RRefProxy(self, functools.partial(remote_rref, self._agent), timeout)
 
+    def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
+        """Run the backward pass with this RRef's value (a scalar tensor) as its root.
+
+        With ``dist_autograd_ctx_id``, a distributed backward pass in that context, started on
+        the owner (the gradients are then in that context, see ``autograd.get_gradients``);
+        without it (-1), a local backward pass, which only the owner can run."""
+        if not isinstance(dist_autograd_ctx_id, int) or isinstance(dist_autograd_ctx_id, bool):
+            raise TypeError(f"dist_autograd_ctx_id must be an int, got {type(dist_autograd_ctx_id).__name__}")
+        self._python_value("backward()")
+        if dist_autograd_ctx_id == -1 and not self.is_owner():
+            raise RuntimeError(f"a local backward (no dist_autograd_ctx_id) can only run on the RRef's owner, {self.owner_name()}: pass the distributed autograd context id")
+        if self.is_owner():
+            _backward_owner_rref(self, dist_autograd_ctx_id, retain_graph)
+        else:
+            self._agent.rpc_sync(self._owner_to_call(), function_call(_backward_owner_rref, (self, dist_autograd_ctx_id, retain_graph), None), -1)
+
     def _python_value(self, what: str) -> None:
         """Raise if the value is not a Python object on its owner (remote() of a function
         called by name keeps it in msgpack): ``what`` needs one."""
@@ -295,6 +312,22 @@ def _remember_inlined(func: Optional[Callable[..., Any]], inlined: bool) -> None
             _inlined_by[func] = inlined
     except TypeError:
         pass
+
+
+def _backward_owner_rref(rref: "RRef[Any]", context_id: int, retain_graph: bool) -> None:
+    """Runs on an RRef's owner: the backward pass from its value (see PyRRef.backward)."""
+    value = rref.local_value()
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        raise RuntimeError("RRef should contain a tensor for .backward()")
+    if context_id == -1:
+        torch.autograd.backward([value], retain_graph=retain_graph)
+        return
+    from . import _dist_autograd
+
+    # Not recorded in the context (the caller's thread may be in it: a self-call).
+    with _dist_autograd.suspended():
+        _dist_autograd.backward(context_id, [value], retain_graph)
 
 
 def _type_on_owner(rref: "RRef[Any]") -> type:

@@ -1,0 +1,591 @@
+"""The machinery of distributed autograd (torch's FAST mode); the public names are in
+:mod:`tensorplay_rpc.autograd`.
+
+- A *context* (one per ``with autograd.context()``) has an id unique across the world: the
+  worker id in the top bits, a count below, as torch makes them. Each worker that takes part
+  keeps its own :class:`DistAutogradContext` under that id.
+- An RPC made on a thread whose current context is set goes in an *envelope*: the context id,
+  a message id and the sender. Pickling records, in the sender's context, every tensor of the
+  message that requires grad (the *send* side); unpickling on the receiver joins (or, for a
+  request, creates) the context there and makes each such tensor the output of a
+  :class:`_RecvRpcBackward` node (the *receive* side), keyed by sender, message and index. A
+  request's handler runs in the request's context, so its reply and its own RPCs are recorded
+  the same way.
+- ``backward`` runs the local graph from the roots. Each receive node it reaches collects its
+  gradient; once the local pass is over, the gradients go, one call per sender, to the workers
+  that sent those tensors, which run their own pass from the tensors they sent (and so on).
+  A pass returns once every pass it started has: the caller's ``backward`` returns when the
+  whole world's part is done, or raises the first error any of them raised.
+- Gradients of leaves accumulate in the context of the worker that owns them, summed over
+  every pass, never in ``.grad`` (the first pass, on the caller, lets ``.grad`` take them for a
+  moment so that hooks on leaves, DistributedDataParallel's all-reduce among them, see them,
+  and puts ``.grad`` back as it was).
+- Releasing a context tells every worker it exchanged messages with in it, which tell theirs.
+
+Every pass keeps the graph (``retain_graph``): a worker's graph can be reached again by a
+later pass of the same backward (a tensor sent twice, a worker called twice), and the graph is
+freed with the context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DistAutogradContext",
+    "backward",
+    "current_context",
+    "entered",
+    "get_gradients",
+    "is_valid_context",
+    "max_id",
+    "new_context",
+    "outgoing_context",
+    "record_sends",
+    "release_context",
+    "retrieve_context",
+    "suspended",
+    "take_received_context",
+    "wrap",
+]
+
+# Ids are the worker id shifted above a per-worker count, as torch's are.
+_COUNT_BITS = 48
+
+# A receive node's key: (context id, sender id, message id, index of the tensor in the message).
+RecvKey = Tuple[int, int, int, int]
+
+
+class DistAutogradContext:
+    """One distributed autograd context on this worker: the gradients of this worker's leaves,
+    the tensors it sent that need gradients back (by message id), and the workers it exchanged
+    messages with in this context."""
+
+    def __init__(self, context_id: int) -> None:
+        self._id = context_id
+        self._lock = threading.Lock()
+        self._grads: Dict[int, Tuple[Any, Any]] = {}  # id(leaf) -> (leaf, accumulated gradient)
+        self._sends: Dict[int, List[Any]] = {}  # message id -> tensors sent that require grad
+        self._receives = 0
+        self._known: Set[int] = set()
+
+    def _context_id(self) -> int:
+        """This context's id, the same on every worker."""
+        return self._id
+
+    def _known_worker_ids(self) -> Set[int]:
+        """The workers this worker sent messages to or received messages from in this context."""
+        with self._lock:
+            return set(self._known)
+
+    def _send_functions(self) -> Dict[int, List[Any]]:
+        """The tensors sent in this context that require grad, by message id."""
+        with self._lock:
+            return {mid: list(ts) for mid, ts in self._sends.items()}
+
+    def _recv_function_count(self) -> int:
+        """How many tensors this worker received in this context that require grad."""
+        with self._lock:
+            return self._receives
+
+    def _know(self, worker_id: int) -> None:
+        with self._lock:
+            self._known.add(worker_id)
+
+    def _record_sends(self, message_id: int, tensors: List[Any]) -> None:
+        with self._lock:
+            self._sends[message_id] = tensors
+
+    def _sent(self, message_id: int) -> List[Any]:
+        with self._lock:
+            tensors = self._sends.get(message_id)
+        if tensors is None:
+            raise RuntimeError(f"distributed autograd context {self._id} on this worker has no message {message_id} that sent tensors requiring grad")
+        return tensors
+
+    def _accumulate(self, leaf: Any, grad: Any) -> None:
+        with self._lock:
+            held = self._grads.get(id(leaf))
+            # A new tensor, never in place: the gradient may be shared with the caller's graph.
+            self._grads[id(leaf)] = (leaf, grad if held is None else held[1] + grad)
+
+    def _gradients(self) -> Dict[Any, Any]:
+        with self._lock:
+            return {leaf: grad for leaf, grad in self._grads.values()}
+
+    def __repr__(self) -> str:
+        return f"DistAutogradContext(context_id={self._id})"
+
+
+_lock = threading.Lock()
+_contexts: Dict[int, DistAutogradContext] = {}
+_context_counts = itertools.count(1)
+_message_counts = itertools.count(1)
+_backward_passes = 0
+
+
+class _ThreadState(threading.local):
+    current: Optional[int] = None  # the context RPCs made on this thread are recorded in
+    receiving: Optional["_Receiving"] = None  # the envelope being unpickled on this thread
+    received: Optional[int] = None  # the context of the request last unpickled here
+    collector: Optional[List[Tuple[RecvKey, Any]]] = None  # gradients reaching receive nodes
+
+
+_thread = _ThreadState()
+
+
+def _worker_id() -> int:
+    from ._agent import require_agent
+
+    return require_agent().info.id
+
+
+def _new_id(counts: "itertools.count[int]") -> int:
+    return (_worker_id() << _COUNT_BITS) + next(counts)
+
+
+def max_id() -> int:
+    """The largest context or message id this worker can make."""
+    return ((_worker_id() + 1) << _COUNT_BITS) - 1
+
+
+# -- contexts -------------------------------------------------------------------------------
+
+
+def new_context() -> DistAutogradContext:
+    """A new context, current on this thread from now on."""
+    if _thread.current is not None:
+        raise RuntimeError("Already have an autograd context id for this thread.")
+    ctx = DistAutogradContext(_new_id(_context_counts))
+    with _lock:
+        _contexts[ctx._context_id()] = ctx
+    _thread.current = ctx._context_id()
+    return ctx
+
+
+def retrieve_context(context_id: int) -> DistAutogradContext:
+    """The context of that id on this worker."""
+    with _lock:
+        ctx = _contexts.get(context_id)
+    if ctx is None:
+        raise RuntimeError(f"Could not find autograd context with id: {context_id}")
+    return ctx
+
+
+def is_valid_context(context_id: int) -> bool:
+    """Whether this worker has a context of that id."""
+    with _lock:
+        return context_id in _contexts
+
+
+def current_context() -> DistAutogradContext:
+    """This thread's current context."""
+    context_id = _thread.current
+    ctx = None
+    if context_id is not None:
+        with _lock:
+            ctx = _contexts.get(context_id)
+    if ctx is None:
+        raise RuntimeError(
+            "Current thread doesn't have a valid autograd context. Please wrap your code using: "
+            "`with tensorplay_rpc.autograd.context() as context_id` to generate a valid context"
+        )
+    return ctx
+
+
+def context_count() -> int:
+    """How many contexts this worker holds."""
+    with _lock:
+        return len(_contexts)
+
+
+def backward_passes() -> int:
+    """How many backward passes (a caller's or a peer's) are running on this worker."""
+    return _backward_passes
+
+
+def release_context(context_id: int) -> None:
+    """Drop the context here and tell every worker it exchanged messages with in it."""
+    with _lock:
+        ctx = _contexts.pop(context_id, None)
+    if ctx is None:
+        raise RuntimeError(f"Could not find autograd context with id: {context_id}")
+    if _thread.current == context_id:
+        _thread.current = None
+    _tell_release(ctx, None)
+
+
+def _tell_release(ctx: DistAutogradContext, told_by: Optional[int]) -> None:
+    from ._agent import current_agent
+
+    agent = current_agent()
+    if agent is None or not agent.running:
+        return
+    me = agent.info.id
+    for worker_id in ctx._known_worker_ids() - {me, told_by}:
+        info = agent.worker_by_id(worker_id)
+        if info is None:  # left a dynamic world: its contexts went with it
+            continue
+        with suspended():
+            fut = agent.rpc_async(info, (_release_from_peer, (ctx._context_id(), me), {}), -1)
+        fut.add_done_callback(_log_release_failure)
+
+
+def _log_release_failure(fut: Any) -> None:
+    try:
+        fut.wait()
+    except Exception as exc:  # the peer is gone or shutting down: its contexts go with it
+        logger.debug("telling a peer to release an autograd context failed: %s", exc)
+
+
+def _release_from_peer(context_id: int, told_by: int) -> None:
+    """Runs on a worker a peer told that a context was released."""
+    with _lock:
+        ctx = _contexts.pop(context_id, None)
+    if ctx is not None:
+        _tell_release(ctx, told_by)
+
+
+def release_all() -> None:
+    """Forget every context (this worker is leaving its world)."""
+    with _lock:
+        _contexts.clear()
+    _thread.current = None
+
+
+# -- recording sends and receives ------------------------------------------------------------
+
+
+def outgoing_context() -> Optional[int]:
+    """The context an RPC made on this thread now is recorded in, or None (the common case)."""
+    return _thread.current
+
+
+@contextlib.contextmanager
+def entered(context_id: Optional[int]) -> Iterator[None]:
+    """Make ``context_id`` this thread's current context for the block (a request's handler)."""
+    previous, _thread.current = _thread.current, context_id
+    try:
+        yield
+    finally:
+        _thread.current = previous
+
+
+def suspended() -> "contextlib.AbstractContextManager[None]":
+    """No current context for the block: the library's own messages are not recorded."""
+    return entered(None)
+
+
+class _Meta:
+    """What an envelope says of its message; unpickled first, it sets up the receive."""
+
+    __slots__ = ("context_id", "message_id", "sender", "reply")
+
+    def __init__(self, context_id: int, message_id: int, sender: int, reply: bool) -> None:
+        self.context_id, self.message_id, self.sender, self.reply = context_id, message_id, sender, reply
+
+    def __reduce__(self) -> Tuple[Any, Tuple[int, int, int, bool]]:
+        return _begin_receive, (self.context_id, self.message_id, self.sender, self.reply)
+
+
+class Envelope:
+    """A message sent in a context (see :func:`wrap`); on the receiver it unpickles as the
+    message itself."""
+
+    __slots__ = ("meta", "message")
+
+    def __init__(self, meta: _Meta, message: Any) -> None:
+        self.meta, self.message = meta, message
+
+    def __reduce__(self) -> Tuple[Any, Tuple[_Meta, Any]]:
+        return _open_envelope, (self.meta, self.message)
+
+
+def wrap(message: Any, context_id: int, dest: int, reply: bool) -> Envelope:
+    """``message``, to be sent to worker ``dest`` in context ``context_id`` (a request made in
+    it, or the reply to one)."""
+    ctx = retrieve_context(context_id)
+    ctx._know(dest)
+    return Envelope(_Meta(context_id, _new_id(_message_counts), _worker_id(), reply), message)
+
+
+def record_sends(envelope: Envelope, tensors: Optional[List[Any]]) -> None:
+    """Keep the tensors requiring grad that pickling ``envelope`` sent, in their order."""
+    if tensors:
+        with _lock:
+            ctx = _contexts.get(envelope.meta.context_id)
+        if ctx is not None:
+            ctx._record_sends(envelope.meta.message_id, tensors)
+
+
+class _Receiving:
+    __slots__ = ("ctx", "sender", "message_id", "reply", "count", "previous")
+
+    def __init__(self, ctx: Optional[DistAutogradContext], sender: int, message_id: int, reply: bool, previous: Optional["_Receiving"]) -> None:
+        self.ctx, self.sender, self.message_id, self.reply = ctx, sender, message_id, reply
+        self.count = 0
+        self.previous = previous
+
+
+def _begin_receive(context_id: int, message_id: int, sender: int, reply: bool) -> _Receiving:
+    with _lock:
+        ctx = _contexts.get(context_id)
+        # A request joins its context here; a reply to a context released meanwhile records
+        # nothing (it would make a context no one releases).
+        if ctx is None and not reply:
+            ctx = _contexts[context_id] = DistAutogradContext(context_id)
+    if ctx is not None:
+        ctx._know(sender)
+    state = _Receiving(ctx, sender, message_id, reply, _thread.receiving)
+    _thread.receiving = state
+    return state
+
+
+def _open_envelope(state: _Receiving, message: Any) -> Any:
+    _thread.receiving = state.previous
+    if not state.reply and state.ctx is not None:
+        _thread.received = state.ctx._context_id()
+    return message
+
+
+def abandon_receive() -> None:
+    """Unpickling a message failed: forget the receive it may have begun on this thread."""
+    _thread.receiving = None
+    _thread.received = None
+
+
+def take_received_context() -> Optional[int]:
+    """The context of the request just unpickled on this thread, if it came in one."""
+    context_id = _thread.received
+    if context_id is not None:
+        _thread.received = None
+    return context_id
+
+
+def received_requiring_grad(tensor: Any) -> Any:
+    """A received tensor that required grad on its sender: in a context, the output of a
+    receive node that sends its gradient back; otherwise a leaf that requires grad."""
+    state = _thread.receiving
+    if state is None or state.ctx is None:
+        return tensor.requires_grad_()
+    index = state.count
+    state.count += 1
+    with state.ctx._lock:
+        state.ctx._receives += 1
+    key = (state.ctx._context_id(), state.sender, state.message_id, index)
+    return _recv_function().apply(_dummy(), tensor, key)
+
+
+_torch_parts: Dict[str, Any] = {}
+_torch_parts_lock = threading.Lock()
+
+
+def _recv_function() -> Any:
+    """_RecvRpcBackward, made once torch is needed (it is optional)."""
+    made = _torch_parts.get("recv")
+    if made is None:
+        with _torch_parts_lock:
+            made = _torch_parts.get("recv")
+            if made is None:
+                made = _torch_parts["recv"] = _make_recv_function()
+    return made
+
+
+def _make_recv_function() -> Any:
+    import torch
+
+    class _RecvRpcBackward(torch.autograd.Function):
+        """The receive side of a message: its output is the received tensor (sharing its
+        memory, not a view, so it may be changed in place); its backward hands the gradient
+        to the pass running on this thread, which sends it to the tensor's sender."""
+
+        @staticmethod
+        def forward(ctx: Any, dummy: Any, tensor: Any, key: RecvKey) -> Any:  # type: ignore[override]
+            ctx.key = key
+            return tensor.detach()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Tuple[None, None, None]:  # type: ignore[override]
+            collector = _thread.collector
+            if collector is None:
+                raise RuntimeError(
+                    f"a tensor received in distributed autograd context {ctx.key[0]} was reached by a local "
+                    "backward; run tensorplay_rpc.autograd.backward(context_id, roots) instead"
+                )
+            collector.append((ctx.key, grad))
+            return None, None, None
+
+    return _RecvRpcBackward
+
+
+def _dummy() -> Any:
+    """The leaf every receive node takes as its input, so its output requires grad (and a
+    pass that must reach the receive nodes can ask for the leaf's gradient)."""
+    made = _torch_parts.get("dummy")
+    if made is None:
+        with _torch_parts_lock:
+            made = _torch_parts.get("dummy")
+            if made is None:
+                import torch
+
+                made = _torch_parts["dummy"] = torch.zeros((), requires_grad=True)
+    return made
+
+
+# -- backward passes ------------------------------------------------------------------------
+
+# The caller's passes let leaves' .grad take their gradients for a moment (see the module's
+# doc): two at once on this worker would mix them. Passes started by peers use no .grad.
+_root_pass_lock = threading.Lock()
+
+
+def _walk(outputs: Sequence[Any]) -> Tuple[List[Any], bool]:
+    """The leaves that require grad reachable from ``outputs`` (each once), and whether a
+    receive node is."""
+    recv_type = _recv_function()._backward_cls
+    leaves: Dict[int, Any] = {}
+    reaches_recv = False
+    stack = []
+    for out in outputs:
+        if out.grad_fn is None:
+            leaves[id(out)] = out
+        else:
+            stack.append(out.grad_fn)
+    # Keyed by id, holding the node: a node's Python object may be made anew at each access,
+    # and a freed one's id reused.
+    seen: Dict[int, Any] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if isinstance(node, recv_type):
+            reaches_recv = True
+            continue  # its only input is the dummy leaf
+        variable = getattr(node, "variable", None)
+        if variable is not None:  # AccumulateGrad: a leaf
+            leaves[id(variable)] = variable
+            continue
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                stack.append(nxt)
+    return list(leaves.values()), reaches_recv
+
+
+@contextlib.contextmanager
+def _pass_running() -> Iterator[List[Tuple[RecvKey, Any]]]:
+    """Count a pass and collect what reaches receive nodes on this thread meanwhile; no
+    current context (the pass's own messages are not recorded)."""
+    global _backward_passes
+    collector: List[Tuple[RecvKey, Any]] = []
+    previous = _thread.collector
+    _thread.collector = collector
+    with _lock:
+        _backward_passes += 1
+    try:
+        with suspended():
+            yield collector
+    finally:
+        _thread.collector = previous
+        with _lock:
+            _backward_passes -= 1
+
+
+def backward(context_id: int, roots: Sequence[Any], retain_graph: bool = False) -> None:
+    """Run the distributed backward pass from ``roots`` (scalars) in context ``context_id``."""
+    import torch
+
+    ctx = retrieve_context(context_id)
+    if not isinstance(roots, (list, tuple)) or not all(isinstance(r, torch.Tensor) for r in roots):
+        raise TypeError(f"roots must be a list of tensors, got {type(roots).__name__}")
+    for root in roots:
+        if not root.requires_grad:
+            raise RuntimeError("requires_grad not set on root")
+        if root.numel() != 1:
+            raise RuntimeError(f"{list(root.shape)} is not a scalar, all roots need to be scalar")
+    if not roots:
+        return
+    leaves, _ = _walk(roots)
+    with _root_pass_lock, _pass_running() as collector:
+        saved = [(leaf, leaf.grad) for leaf in leaves]
+        for leaf in leaves:
+            leaf.grad = None
+        try:
+            # Every pass keeps the graph: see the module's doc.
+            torch.autograd.backward(list(roots), [torch.ones_like(r) for r in roots], retain_graph=True)
+        finally:
+            for leaf, grad in saved:
+                got, leaf.grad = leaf.grad, grad
+                if got is not None:
+                    ctx._accumulate(leaf, got)
+        _propagate(collector)
+
+
+def _pass_from_sends(context_id: int, items: List[Tuple[int, List[int], List[Any]]]) -> None:
+    """Runs on a worker that sent tensors requiring grad: the pass from those tensors, given
+    the gradients their receivers computed (``items``: message id, indices, gradients)."""
+    import torch
+
+    ctx = retrieve_context(context_id)
+    outputs: List[Any] = []
+    grads: List[Any] = []
+    for message_id, indices, gradients in items:
+        sent = ctx._sent(message_id)
+        for index, grad in zip(indices, gradients):
+            if not 0 <= index < len(sent):
+                raise RuntimeError(f"message {message_id} of context {context_id} sent {len(sent)} tensors requiring grad, not {index + 1}")
+            outputs.append(sent[index])
+            grads.append(grad)
+    leaves, reaches_recv = _walk(outputs)
+    inputs = leaves + ([_dummy()] if reaches_recv else [])
+    with _pass_running() as collector:
+        if inputs:
+            got = torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
+            for leaf, grad in zip(leaves, got):
+                if grad is not None:
+                    ctx._accumulate(leaf, grad)
+        _propagate(collector)
+
+
+def _propagate(collector: List[Tuple[RecvKey, Any]]) -> None:
+    """Send the gradients that reached receive nodes to the workers that sent those tensors,
+    one call per worker and context, and wait for their passes; raise the first error."""
+    if not collector:
+        return
+    from ._agent import require_agent
+
+    grouped: Dict[Tuple[int, int], Dict[int, Tuple[List[int], List[Any]]]] = {}
+    for (context_id, sender, message_id, index), grad in collector:
+        if grad is None:
+            continue
+        per_message = grouped.setdefault((context_id, sender), {})
+        indices, gradients = per_message.setdefault(message_id, ([], []))
+        indices.append(index)
+        gradients.append(grad)
+    agent = require_agent()
+    calls = []
+    for (context_id, sender), per_message in grouped.items():
+        info = agent.worker_by_id(sender)
+        if info is None:
+            raise RuntimeError(f"distributed backward: worker id {sender}, which sent tensors of context {context_id}, left the world")
+        items = [(mid, idx, grads) for mid, (idx, grads) in per_message.items()]
+        calls.append(agent.rpc_async(info, (_pass_from_sends, (context_id, items), {}), -1))
+    first_error: Optional[BaseException] = None
+    for call in calls:
+        try:
+            call.wait()
+        except BaseException as exc:
+            first_error = first_error or exc
+    if first_error is not None:
+        raise first_error
+
+
+def get_gradients(context_id: int) -> Dict[Any, Any]:
+    """The gradients accumulated in context ``context_id`` on this worker, by leaf."""
+    return retrieve_context(context_id)._gradients()

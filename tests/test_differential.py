@@ -16,7 +16,7 @@ from conftest import free_port
 
 DIFFERENTIAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "differential")
 HARNESS = os.path.join(DIFFERENTIAL_DIR, "harness.py")
-MODULES = ["destinations", "calls", "errors", "callbacks", "rrefs", "private_names", "lifecycle", "torch_objects", "torch_futures"]
+MODULES = ["destinations", "calls", "errors", "callbacks", "rrefs", "private_names", "lifecycle", "torch_objects", "torch_futures", "dist_autograd"]
 TORCH_PYTHON = "/usr/bin/python3"  # Debian's interpreter, which has python3-torch
 
 sys.path.insert(0, DIFFERENTIAL_DIR)

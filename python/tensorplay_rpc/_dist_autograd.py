@@ -508,7 +508,8 @@ def backward(context_id: int, roots: Sequence[Any], retain_graph: bool = False) 
         if not root.requires_grad:
             raise RuntimeError("requires_grad not set on root")
         if root.numel() != 1:
-            raise RuntimeError(f"{list(root.shape)} is not a scalar, all roots need to be scalar")
+            # torch's words, after the root's name (tensors have none unless named).
+            raise RuntimeError(f"{root.names[0] if any(root.names) else ''} is not a scalar, all roots need to be scalar")
     if not roots:
         return
     leaves, _ = _walk(roots)

@@ -85,9 +85,9 @@ def _current_context() -> DistAutogradContext:
     return _dist_autograd.current_context()
 
 
-def _is_valid_context(context_id: int) -> bool:
-    """Whether this worker has a context of that id."""
-    return _dist_autograd.is_valid_context(context_id)
+def _is_valid_context(context_id: int) -> None:
+    """Raise if this worker has no context of that id (torch's check, which returns None)."""
+    _dist_autograd.retrieve_context(context_id)
 
 
 def _get_max_id() -> int:

@@ -35,13 +35,18 @@ class _LocalOptimizer:
         self.optim = optimizer_class(self._params, *args, **kwargs)
 
     def step(self, context_id: int) -> None:
-        """Step with this worker's gradients of context ``context_id``; a parameter that got
-        none has no gradient for this step (torch's keeps the one of an earlier step)."""
+        """Step with this worker's gradients of context ``context_id`` (a parameter that got
+        none is not stepped); ``.grad`` is as it was afterwards."""
         grads = _dist_autograd.get_gradients(context_id)
         with _LocalOptimizer._step_lock:
-            for param in self._params:
-                param.grad = grads.get(param)
-            self.optim.step()
+            held = [param.grad for param in self._params]
+            try:
+                for param in self._params:
+                    param.grad = grads.get(param)
+                self.optim.step()
+            finally:
+                for param, grad in zip(self._params, held):
+                    param.grad = grad
 
 
 def _new_local_optimizer(optimizer_class: Any, param_rrefs: Sequence[RRef[Any]], *args: Any, **kwargs: Any) -> RRef[_LocalOptimizer]:

@@ -31,10 +31,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from ports import free_port  # noqa: E402 - tests/ is on the path only from here
 
-# Set on every rank before any scenario runs: the RPC module and its futures module.
+# Set on every rank before any scenario runs: the RPC module and its futures module, and the
+# layers built on RPC (distributed autograd, DistributedOptimizer, RemoteModule).
 rpc: Any = None
 futures: Any = None
+dist_autograd: Any = None
+DistributedOptimizer: Any = None
+RemoteModule: Any = None
 backend: str = ""
+
+# Scenario modules run as every rank's ``__main__``, as a user's script is: their functions and
+# classes are ``__main__``'s, which both backends send by reference and resolve in the callee's
+# own ``__main__``.
+RUN_AS_MAIN = {"dist_autograd"}
 
 WORLD_TIMEOUT_S = 60.0
 # A scenario of a WORLD = 0 module that gives no outcome in this time hangs.
@@ -170,14 +179,35 @@ def outcome(fn: Callable[[], Any]) -> str:
 
 
 def _use_backend(name: str) -> None:
-    global rpc, futures, backend
+    global rpc, futures, backend, dist_autograd, DistributedOptimizer, RemoteModule
     backend = name
     rpc = importlib.import_module(name)
     futures = importlib.import_module("torch.futures") if name.startswith("torch") else rpc
+    if name.startswith("torch"):
+        dist_autograd = importlib.import_module("torch.distributed.autograd")
+        DistributedOptimizer = importlib.import_module("torch.distributed.optim").DistributedOptimizer
+        RemoteModule = importlib.import_module("torch.distributed.nn").RemoteModule
+    else:
+        dist_autograd = importlib.import_module(f"{name}.autograd")
+        DistributedOptimizer = importlib.import_module(f"{name}.optim").DistributedOptimizer
+        RemoteModule = importlib.import_module(f"{name}.nn").RemoteModule
+
+
+def _load(module_name: str) -> ModuleType:
+    """Import a scenario module, or run it as this process's ``__main__`` (RUN_AS_MAIN)."""
+    if module_name not in RUN_AS_MAIN:
+        return importlib.import_module(module_name)
+    path = os.path.join(HERE, module_name + ".py")
+    module = ModuleType("__main__")
+    module.__file__ = path
+    sys.modules["__main__"] = module
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), module.__dict__)
+    return module
 
 
 def _peer(module_name: str, world_port: int, rank: int, world_size: int, name: str) -> None:
-    importlib.import_module(module_name)
+    _load(module_name)
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options(world_port))
     rpc.shutdown()
 
@@ -209,7 +239,7 @@ def main(argv: List[str]) -> int:
     if len(argv) > 3 and argv[3] == "--peer":
         _peer(module_name, world_port, int(argv[4]), int(argv[5]), argv[6])
         return 0
-    module: ModuleType = importlib.import_module(module_name)
+    module: ModuleType = _load(module_name)
     if len(argv) > 3 and argv[3] == "--scenario":
         print(outcome(next(s.run for s in module.SCENARIOS if s.name == argv[4])), flush=True)
         return 0

@@ -92,6 +92,45 @@ def test_collect_all_and_wait_all():
     assert rpc.wait_all(futs) == [0, 1, 2]
 
 
+def test_callback_threads_grow_when_busy_up_to_their_bound_and_end_when_idle():
+    from tensorplay_rpc.futures import _CallbackThreads
+
+    pool = _CallbackThreads(max_threads=2, idle_exit_s=0.3)
+    release = threading.Event()
+    started = []
+    third_ran = threading.Event()
+    pool.submit(lambda: (started.append(1), release.wait(10)))
+    pool.submit(lambda: (started.append(2), release.wait(10)))
+    pool.submit(third_ran.set)
+    # Two blocked tasks take both threads; the third waits for one, not for a third thread.
+    assert not third_ran.wait(0.5) and sorted(started) == [1, 2] and pool.busy() == 2
+    release.set()
+    assert third_ran.wait(10)
+    for _ in range(100):  # idle threads end after idle_exit_s
+        if pool._threads == 0:
+            break
+        threading.Event().wait(0.05)
+    assert pool._threads == 0 and pool.busy() == 0
+
+
+def test_a_waiting_thread_runs_only_the_librarys_callbacks_and_keeps_their_order():
+    # What a thread waiting on a call's future does when it settles it (_complete(waiter=True)):
+    # the library's own callbacks it may run; user callbacks, and all after the first one, run
+    # on a callback thread, in the order added.
+    from tensorplay_rpc.futures import library_callback
+
+    me = threading.get_ident()
+    fut = Future()
+    ran = []
+    all_ran = threading.Event()
+    fut.add_done_callback(library_callback(lambda f: ran.append(("library", threading.get_ident() == me))))
+    fut.add_done_callback(lambda f: ran.append(("user", threading.get_ident() == me)))
+    fut.add_done_callback(library_callback(lambda f: (ran.append(("library", threading.get_ident() == me)), all_ran.set())))
+    fut._complete(1, None, waiter=True)
+    assert all_ran.wait(10)
+    assert ran == [("library", True), ("user", False), ("library", False)]
+
+
 def test_worker_info_value_semantics():
     a, b = rpc.WorkerInfo("w", 1), rpc.WorkerInfo("w", 1)
     assert a == b and hash(a) == hash(b) and a != rpc.WorkerInfo("w", 2)

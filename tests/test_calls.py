@@ -100,10 +100,30 @@ def test_callbacks_run_without_a_waiter():
         "add_done_callback runs with no thread waiting": lambda o: o["callback_alone"] == (True, [5]),
         "then() chains with no thread waiting": lambda o: o["then_alone"] == (True, "chained"),
         "a callback sees a remote error with no thread waiting": lambda o: o["error_alone"] == (True, ["ValueError"]),
-        "a thread waiting on a future still runs its callbacks": lambda o: o["waited"] == (0.2, [0.2]),
+        "a thread waiting on a future still has its callbacks run": lambda o: o["waited"] == (0.2, True, [0.2]),
         "a callback may wait on a nested call without hanging": lambda o: o["nested"] == (True, [26]),
         "a callback raising SystemExit does not stop the next callbacks or later futures'": lambda o: o["after_exit"] == (True, [2]),
         "no call is left pending afterwards": lambda o: o["pending_after"] == 0,
+    })
+
+
+@pytest.mark.timeout(150)
+def test_callbacks_run_off_the_waiting_thread_and_apart():
+    out = run_world("basic:callbacks_off_the_waiter", 2, timeout=120)[0].value
+    took_on_another_thread = [(True, True)]
+    expect_behaviours(out, {
+        **{f"a callback takes a lock the thread in {how}() holds, once released (no deadlock)":
+           (lambda how: lambda o: o[f"lock_held_in_{how}"] == took_on_another_thread)(how)
+           for how in ("wait", "done", "wait_all", "then")},
+        "a blocked callback holds up no other future's callbacks (no thread waiting)":
+            lambda o: o["blocked_callback_blocks_no_other_alone"] == (True, True, True),
+        "a blocked callback holds up no other future's callbacks (a thread waiting)":
+            lambda o: o["blocked_callback_blocks_no_other_waited"] == (True, True, True),
+        "20 callbacks that block until all run, run at once": lambda o: o["twenty_blocked_callbacks_run_at_once"] == (20, False),
+        "a callback added while earlier ones run goes after them": lambda o: o["order"] == [1, 2],
+        "then() on a complete future runs at once on the caller's thread, as torch's":
+            lambda o: o["then_on_complete_future"] == ([True], 4),
+        "shutdown returns once the callbacks of completed calls have run": lambda o: o["callback_ran_before_shutdown_returned"] == [0.2],
     })
 
 

@@ -25,7 +25,7 @@ from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
 from .functions import Deferred, run_function
-from .futures import Future, is_torch_future, wait_all
+from .futures import Future, is_torch_future, run_on_callback_thread, wait_all, wait_for_callbacks
 from .internal import FrameworkError, RemoteException, exception_text, deserialize, serialize
 from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
@@ -191,9 +191,10 @@ def _abandon(go_call: Any, table: SegmentTable) -> None:
 
 class _CallFuture(Future[Any]):
     """The future of an outgoing call. It holds the Go call until the reply is turned into its
-    result. A thread that waits collects the reply from Go itself; the event thread settles
-    the call only once it has callbacks and no thread waits (Go's Call.Notify), so a call that
-    is waited for never wakes it."""
+    result. A thread that waits collects the reply from Go itself, and hands the callbacks to a
+    callback thread (it must not run them inside its wait). A call that has callbacks and no
+    waiting thread is settled, callbacks and all, on a callback thread the event thread gives
+    it (Go's Call.Notify), so a call that is waited for never wakes the event thread."""
 
     def __init__(self, agent: "TensorPipeAgent", dest: str, timeout_s: float, prefixed: bool, function: Optional[str] = None) -> None:
         super().__init__()
@@ -269,7 +270,7 @@ class _CallFuture(Future[Any]):
         """Whether the future has a result or an exception."""
         go_call = self._go_call  # read once: another thread may settle the call meanwhile
         if go_call is not None and not self._done and go_call.Wait(0, False):
-            self._settle()
+            self._settle(waiter=True)
         return self._done
 
     def wait(self) -> Any:
@@ -298,13 +299,14 @@ class _CallFuture(Future[Any]):
             # Interrupted (Ctrl-C): a completion Go saw while this thread waited has no
             # event, so it is settled here.
             if go_call.Wait(0, False):
-                self._settle()
+                self._settle(waiter=True)
             raise
-        self._settle()
+        self._settle(waiter=True)
         return True
 
-    def _settle(self) -> None:
-        """Complete the future from the reply; only the first caller does the work."""
+    def _settle(self, waiter: bool) -> None:
+        """Complete the future from the reply; only the first caller does the work.
+        ``waiter``: the caller is a thread waiting on the call (see Future._complete)."""
         with self._settle_lock:
             go_call, self._go_call = self._go_call, None
             table, self._table = self._table, None
@@ -320,7 +322,7 @@ class _CallFuture(Future[Any]):
             value, exc = self._outcome(go_call)
         except BaseException as err:  # a reply that cannot be unpickled fails the call
             exc = err
-        self._complete(value, exc)
+        self._complete(value, exc, waiter)
 
     def _outcome(self, go_call: Any) -> Tuple[Any, Optional[BaseException]]:
         s = scratch()
@@ -742,8 +744,8 @@ class TensorPipeAgent(RpcAgent):
     # -- events ---------------------------------------------------------------------------
 
     def _event_loop(self) -> None:
-        """Complete futures that have callbacks and no waiting thread, and drop values no one
-        references."""
+        """Hand futures that have callbacks and no waiting thread to the callback threads, and
+        drop values no one references."""
         handled = False
         while True:
             event = self._go_agent.NextEvent(_IDLE_WAIT_MS, handled)
@@ -771,7 +773,9 @@ class TensorPipeAgent(RpcAgent):
             with self._pending_lock:
                 fut = self._pending.pop(event, None)
             if fut is not None:
-                fut._settle()
+                # Settled and its callbacks run on a callback thread, not here: a slow
+                # callback must not hold up other calls' completions.
+                run_on_callback_thread(functools.partial(fut._settle, False))
         elif -event == _go.EventLogs:
             forward_go_logs()
         elif -event == _go.EventRRefsDropped:
@@ -982,6 +986,9 @@ class TensorPipeAgent(RpcAgent):
         self.running = False
         _dist_autograd.release_all()  # their peers are gone or going too
         self._completer.join(timeout=5)
+        # As torch's: the callbacks of the calls completed have run when shutdown returns.
+        if not wait_for_callbacks(5):
+            logger.warning("shutdown: futures' callbacks still running after 5 s; not waiting for them")
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)
         forward_go_logs()  # what shutting down logged

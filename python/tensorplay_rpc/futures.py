@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import functools
 import importlib
+import itertools
 import logging
+import os
 import sys
 import threading
-from typing import Any, Callable, Dict, Generator, Generic, List, NoReturn, Optional, Tuple, TypeVar
+from typing import Any, Callable, Deque, Dict, Generator, Generic, List, NoReturn, Optional, Tuple, TypeVar
 
 from .constants import WAIT_SLICE_S
 from .internal import exception_text
@@ -17,8 +21,129 @@ __all__ = ["Future", "collect_all", "wait_all"]
 
 T = TypeVar("T")
 S = TypeVar("S")
+C = TypeVar("C", bound=Callable[..., Any])
 
 logger = logging.getLogger(__name__)
+
+
+# The most threads that run callbacks at once, and how long one waits idle before it ends.
+# Each callback thread is made only when every other one is busy: a slow callback holds up only
+# its own future's later callbacks, and a callback that waits on another future (whose callbacks
+# need a thread too) finds one. torch runs them on its 16 agent threads.
+CALLBACK_THREADS_MAX = 64
+CALLBACK_IDLE_EXIT_S = 10.0
+
+
+class _CallbackThreads:
+    """A pool of threads for the callbacks of futures no thread of the caller's should run:
+    grows when every thread is busy (up to ``max_threads``) and shrinks as threads stay idle.
+    Idle threads block on a condition (no polling)."""
+
+    def __init__(self, max_threads: int, idle_exit_s: float) -> None:
+        self._max_threads = max_threads
+        self._idle_exit_s = idle_exit_s
+        self._names = itertools.count()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._all_done = threading.Condition(self._lock)  # no task queued or running
+        self._tasks: Deque[Callable[[], None]] = collections.deque()
+        self._threads = 0
+        self._idle = 0  # threads waiting for a task, woken or not
+        self._running = 0
+        self._warned = False
+        self._mine = threading.local()  # .yes on this pool's threads
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Run ``task()`` on a callback thread (errors it raises are logged)."""
+        with self._lock:
+            self._tasks.append(task)
+            if len(self._tasks) <= self._idle:  # an idle thread is left for it
+                self._cond.notify()
+                return
+            if self._threads >= self._max_threads:
+                if not self._warned:
+                    self._warned = True
+                    logger.warning("all %d callback threads are busy: futures' callbacks wait for one", self._threads)
+                return
+            self._threads += 1
+        thread = threading.Thread(target=self._work, name=f"tensorplay-rpc-callbacks-{next(self._names)}", daemon=True)
+        try:
+            thread.start()
+        except BaseException:  # no thread to be had: the busy ones take the task later
+            with self._lock:
+                self._threads -= 1
+            raise
+
+    def _work(self) -> None:
+        self._mine.yes = True
+        while True:
+            with self._lock:
+                while not self._tasks:
+                    self._idle += 1
+                    woken = self._cond.wait(self._idle_exit_s)
+                    self._idle -= 1
+                    if not woken and not self._tasks:
+                        self._threads -= 1
+                        return
+                task = self._tasks.popleft()
+                self._running += 1
+            try:
+                task()
+            except BaseException:  # this thread must not die of a task's error
+                logger.exception("running a future's callbacks failed")
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    if not self._running and not self._tasks:
+                        self._all_done.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no task is queued or running (on one of this
+        pool's threads, until it is the only one running); report whether none is."""
+        own = 1 if getattr(self._mine, "yes", False) else 0
+        with self._lock:
+            return self._all_done.wait_for(lambda: self._running <= own and not self._tasks, timeout)
+
+    def busy(self) -> int:
+        """Threads running a task now (for tests and debug info)."""
+        with self._lock:
+            return self._running
+
+
+_callback_threads = _CallbackThreads(CALLBACK_THREADS_MAX, CALLBACK_IDLE_EXIT_S)
+# A child made by fork has none of the parent's threads.
+os.register_at_fork(after_in_child=_callback_threads._reset)
+
+
+def run_on_callback_thread(task: Callable[[], None]) -> None:
+    """Run ``task()`` on one of the threads that run futures' callbacks, soon: on an idle one,
+    or a new one if all are busy (errors it raises are logged)."""
+    _callback_threads.submit(task)
+
+
+def wait_for_callbacks(timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds until the callback threads have nothing left to run (the
+    caller's own task aside, if it is one); report whether they have."""
+    return _callback_threads.wait_idle(timeout)
+
+
+# Set while this thread runs the callbacks a waiting thread may run (Future._drain): a future
+# they complete hands its own user callbacks to the callback threads as well.
+_on_waiter = threading.local()
+
+
+def library_callback(callback: C) -> C:
+    """Mark ``callback``, this library's own, as one that neither blocks nor runs user code:
+    a thread that waits on a future may run it itself, saving a hand-off (see Future._drain)."""
+    setattr(callback, "_tensorplay_rpc_on_waiter", True)
+    return callback
+
+
+def _runs_on_waiter(callback: Callable[..., Any]) -> bool:
+    return getattr(callback, "_tensorplay_rpc_on_waiter", False) is True
 
 
 # torch.futures.Future once init_rpc has seen the program use torch (use_torch_futures): the
@@ -110,7 +235,11 @@ class Future(Generic[T]):
     """A value, or an exception, that will be available later.
 
     Callbacks added with :meth:`then` or :meth:`add_done_callback` run in the order they were
-    added, on the thread that completes the future (or at once if it is already complete).
+    added: on the thread that completes the future with :meth:`set_result` or
+    :meth:`set_exception`, or at once if the future is already complete and its callbacks have
+    run (as torch's). The callbacks of an RPC's future run on a thread of the library's: never
+    inside the ``wait()`` or ``done()`` of a thread waiting on it (a callback may need a lock the
+    waiter holds), and a slow one delays no other future's callbacks.
     Once ``init_rpc`` has seen the program use torch, futures are ``torch.futures.Future``
     instances too.
     """
@@ -137,10 +266,12 @@ class Future(Generic[T]):
         self._result: Any = None
         self._exception: Optional[BaseException] = None
         self._callbacks: List[Callable[["Future[T]"], None]] = []
+        # Set while the callbacks present at completion are being run: callbacks added
+        # meanwhile queue behind them, so they keep their order.
+        self._draining = False
         # The futures whose completion completes this one (then, collect_all): wait() waits on
-        # them first, in this thread, so a future of a call collects its reply here and runs
-        # the callbacks, instead of waiting for the thread that runs callbacks, which may be the
-        # very thread waiting (a callback that waits on a nested call).
+        # them first, in this thread, so a future of a call collects its reply here instead of
+        # waiting for the event thread to notice it (its callbacks still run elsewhere).
         self._sources: Tuple["Future[Any]", ...] = ()
         self._unwrap: Optional[Callable[[Any], Any]] = None
 
@@ -206,6 +337,7 @@ class Future(Generic[T]):
                 except asyncio.InvalidStateError:  # cancelled meanwhile
                     pass
 
+        @library_callback
         def on_done(_: "Future[T]") -> None:
             try:
                 loop.call_soon_threadsafe(settle, self)
@@ -230,16 +362,17 @@ class Future(Generic[T]):
         callback raises, the returned future fails with a RuntimeError that names the
         callback's error (as torch's does); that error is its ``__cause__``."""
         _check_callable("then", callback)
-        return self._chain(callback, wrap_errors=True)
+        return self._chain(callback, wrap_errors=True, library=False)
 
     def _set_unwrap_func(self, unwrap: Callable[[Any], Any]) -> None:
         """Make :meth:`wait` and :meth:`value` call ``unwrap(result)`` before they return the
         result, which it may refuse by raising (as torch's private method of the same name)."""
         self._unwrap = unwrap
 
-    def _chain(self, callback: Callable[["Future[T]"], S], wrap_errors: bool = False) -> "Future[S]":
+    def _chain(self, callback: Callable[["Future[T]"], S], wrap_errors: bool = False, library: bool = True) -> "Future[S]":
         """:meth:`then`; without ``wrap_errors`` the chained future fails with the callback's
-        own error (what this library's own chains need)."""
+        own error (what this library's own chains need). ``library``: the callback is this
+        library's own (see library_callback)."""
         chained: Future[S] = Future()
 
         def run(fut: "Future[T]") -> None:
@@ -255,14 +388,14 @@ class Future(Generic[T]):
                 chained._complete(result, None)
 
         chained._sources = (self,)
-        self.add_done_callback(run)
+        self.add_done_callback(library_callback(run) if library else run)
         return chained
 
     def add_done_callback(self, callback: Callable[["Future[T]"], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
         _check_callable("add_done_callback", callback)
         with self._lock:
-            if not self._done:
+            if not self._done or self._draining:
                 self._callbacks.append(callback)
                 return
         self._run_callback(callback)
@@ -285,27 +418,55 @@ class Future(Generic[T]):
                 "Note that a Future can only be marked completed once."
             )
 
-    def _complete(self, result: Any, exception: Optional[BaseException]) -> bool:
-        """Complete the future unless it already is; report whether this call did it."""
+    def _complete(self, result: Any, exception: Optional[BaseException], waiter: bool = False) -> bool:
+        """Complete the future unless it already is; report whether this call did it.
+        ``waiter``: the calling thread is one waiting on a future (in ``wait()`` or ``done()``),
+        which must not run user callbacks (see :meth:`_drain`)."""
         with self._lock:
             if self._done:
                 return False
             self._result, self._exception = result, exception
             self._done = True
-            callbacks, self._callbacks = self._callbacks, []
+            draining = self._draining = bool(self._callbacks)
             if self._cond is not None:
                 self._cond.notify_all()
         self._mirror(result, exception)
-        for callback in callbacks:
-            self._run_callback(callback)
+        if draining:
+            self._drain(waiter or getattr(_on_waiter, "active", False))
         return True
+
+    def _drain(self, waiter: bool) -> None:
+        """Run the callbacks in order until none is left (those added meanwhile too).
+
+        On a ``waiter`` thread only the library's own callbacks run here; from the first other
+        one on, the rest run, in order, on a callback thread: the waiter may hold a lock a
+        callback takes, and user code must not run inside its ``wait()`` or ``done()``.
+        """
+        previous = getattr(_on_waiter, "active", False)
+        if waiter:
+            _on_waiter.active = True
+        try:
+            while True:
+                with self._lock:
+                    if not self._callbacks:
+                        self._draining = False
+                        return
+                    callback = self._callbacks[0]
+                    if waiter and not _runs_on_waiter(callback):
+                        break
+                    del self._callbacks[0]
+                self._run_callback(callback)
+        finally:
+            if waiter:
+                _on_waiter.active = previous
+        run_on_callback_thread(functools.partial(self._drain, False))
 
     def _mirror(self, result: Any, exception: Optional[BaseException]) -> None:
         """Copy the outcome into torch's state (a future that is a torch one too)."""
 
     def _run_callback(self, callback: Callable[["Future[T]"], None]) -> None:
         # Any exception, SystemExit and KeyboardInterrupt too: the other callbacks still run,
-        # and the thread running them (the event thread) must not die.
+        # and the thread running them (a callback thread) must not die.
         try:
             callback(self)
         except BaseException:
@@ -376,6 +537,7 @@ def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
         combined.set_result([])
         return combined
 
+    @library_callback
     def one_done(_: Future[Any]) -> None:
         with lock:
             remaining[0] -= 1
@@ -397,5 +559,11 @@ def wait_all(futures: List[Future[Any]]) -> List[Any]:
     """Wait for every future and return their values; once all are done, raises the error of
     the first (in list order) that failed."""
     futures = [adopt(f) for f in futures]
-    collect_all(futures).wait()
+    # Each in turn, not through collect_all: its callback on each future would queue behind
+    # the future's own callbacks, which may wait for a lock this thread holds.
+    for fut in futures:
+        try:
+            fut.wait()
+        except Exception:  # raised below, once all are done
+            pass
     return [fut.wait() for fut in futures]

@@ -156,10 +156,12 @@ def callbacks(rank, world_size):
 
         rpc.rpc_async("worker1", raise_value_error, args=("in a callback 7",)).add_done_callback(on_error)
         out["error_alone"] = (failed.wait(10), errs)
+        # wait() may return before the callbacks ran (they run on another thread, as torch's).
         waited = []
+        waited_ran = threading.Event()
         fut = rpc.rpc_async("worker1", slow, args=(0.2,))
-        fut.add_done_callback(lambda f: waited.append(f.value()))
-        out["waited"] = (fut.wait(), waited)
+        fut.add_done_callback(lambda f: (waited.append(f.value()), waited_ran.set()))
+        out["waited"] = (fut.wait(), waited_ran.wait(10), waited)
         # A callback that waits on a nested call and its own callbacks, on the thread that runs
         # callbacks (nobody waits on the outer future).
         nested_done = threading.Event()
@@ -183,6 +185,107 @@ def callbacks(rank, world_size):
         out["pending_after"] = _agent.current_agent().pending_futures()
     rpc.shutdown()
     return out
+
+
+def callbacks_off_the_waiter(rank, world_size):
+    """Callbacks of rpc_async futures run on library threads, as torch's: never inside the
+    wait() or done() of the thread waiting on the future, and a callback that blocks holds up
+    no other future's callbacks. Every wait is bounded, so a deadlock shows as False."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        me = threading.get_ident()
+        lock = threading.Lock()
+
+        def takes_the_lock(seen):
+            def callback(f):
+                took = lock.acquire(timeout=5)  # the waiter holds it: 5 s means a deadlock
+                if took:
+                    lock.release()
+                seen.append((took, threading.get_ident() != me))
+            return callback
+
+        # The waiter holds a lock the callback takes, in wait(), done(), wait_all and then().
+        for how in ("wait", "done", "wait_all", "then"):
+            seen = []
+            fut = rpc.rpc_async("worker1", slow, args=(0.2,))
+            if how == "then":
+                chained = fut.then(takes_the_lock(seen))
+            else:
+                fut.add_done_callback(takes_the_lock(seen))
+            with lock:
+                if how == "done":
+                    while not fut.done():
+                        time.sleep(0.01)
+                elif how == "wait_all":
+                    rpc.futures.wait_all([fut])
+                else:
+                    fut.wait()
+            if how == "then":
+                chained.wait()
+            else:
+                _wait_for(lambda: seen, 10)
+            out[f"lock_held_in_{how}"] = seen
+
+        # A callback blocked until released must not stop another future's callbacks, whether
+        # the event thread or a waiting thread completes the futures.
+        for waited in (False, True):
+            release, b_ran, a_started = threading.Event(), threading.Event(), threading.Event()
+            fa = rpc.rpc_async("worker1", slow, args=(0.1,))
+            fb = rpc.rpc_async("worker1", slow, args=(0.3,))
+            fa.add_done_callback(lambda f: (a_started.set(), release.wait(20)))
+            fb.add_done_callback(lambda f: b_ran.set())
+            if waited:
+                fa.wait()
+                fb.wait()
+            out[f"blocked_callback_blocks_no_other_{'waited' if waited else 'alone'}"] = (
+                a_started.wait(10), b_ran.wait(10), not release.is_set())
+            release.set()
+
+        # 20 callbacks that each block until all 20 run at once (torch's 16 threads would not).
+        barrier = threading.Barrier(20, timeout=20)
+        met = []
+        futs = [rpc.rpc_async("worker1", add, args=(i, 0)) for i in range(20)]
+        for f in futs:
+            f.add_done_callback(lambda f: met.append(barrier.wait() >= 0))
+        _wait_for(lambda: len(met) == 20 or barrier.broken, 30)
+        out["twenty_blocked_callbacks_run_at_once"] = (len(met), barrier.broken)
+
+        # Order: a callback added while the earlier ones still run goes after them.
+        order, first_started, go_on = [], threading.Event(), threading.Event()
+        fut = rpc.rpc_async("worker1", add, args=(1, 1))
+        fut.add_done_callback(lambda f: (first_started.set(), go_on.wait(10), order.append(1)))
+        fut.wait()
+        first_started.wait(10)
+        fut.add_done_callback(lambda f: order.append(2))
+        go_on.set()
+        _wait_for(lambda: len(order) == 2, 10)
+        out["order"] = order
+
+        # then() on a complete future whose callbacks have run: at once, on this thread, as torch.
+        fut = rpc.rpc_async("worker1", add, args=(2, 2))
+        fut.wait()
+        settled = threading.Event()
+        fut.add_done_callback(lambda f: settled.set())
+        settled.wait(10)
+        here = []
+        chained = fut.then(lambda f: here.append(threading.get_ident() == me) or f.value())
+        out["then_on_complete_future"] = (here, chained.wait())
+
+        # As torch's, shutdown returns once the callbacks of completed calls have run.
+        late = []
+        rpc.rpc_async("worker1", slow, args=(0.2,)).add_done_callback(lambda f: (time.sleep(0.5), late.append(f.value())))
+    rpc.shutdown()
+    if rank == 0:
+        out["callback_ran_before_shutdown_returned"] = late
+    return out
+
+
+def _wait_for(cond, seconds):
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(cond())
 
 
 def env_only(rank, world_size):

@@ -106,6 +106,8 @@ def measure(systems, quick):
         r.update(run_world(system, "contention", 2)[0])
         print(f"[{system}] peak RSS of a 128 MiB echo", flush=True)
         r.update(run_world(system, "rss", 2)[0])
+        print(f"[{system}] training steps (distributed RNN, parameter server)", flush=True)
+        r.update(run_world(system, "training", 2)[0])
         print(f"[{system}] idle CPU", flush=True)
         r.update(run_world(system, "idle", 2)[0])
         res[system] = r
@@ -135,6 +137,11 @@ TARGETS = [
     ("rpc_async calls/s (64 in flight) >= 3x torch", "async64_calls_per_s", "tensorplay", lambda a, b: a >= 3 * b),
     ("remote()+to_here() p50 <= 1/2 of torch", "remote_to_here_p50_us", "tensorplay", lambda a, b: a <= b / 2),
     ("[grpc] small-call p50 <= torch", "sync_p50_us", "tensorplay-grpc", lambda a, b: a <= b),
+    # Issue 37: training steps of torch's RPC tutorials, at least torch's, on one host and between hosts.
+    ("distributed RNN steps/s (p50) >= torch", "rnn_steps_per_s_p50", "tensorplay", lambda a, b: a >= b),
+    ("[grpc] distributed RNN steps/s (p50) >= torch", "rnn_steps_per_s_p50", "tensorplay-grpc", lambda a, b: a >= b),
+    ("parameter-server steps/s (p50) >= torch", "ps_steps_per_s_p50", "tensorplay", lambda a, b: a >= b),
+    ("[grpc] parameter-server steps/s (p50) >= torch", "ps_steps_per_s_p50", "tensorplay-grpc", lambda a, b: a >= b),
 ]
 # Kept from before, on every transport.
 KEPT = [
@@ -153,7 +160,8 @@ def table(res, sizes):
     keys = ["sync_p50_us", "sync_p99_us", "sync_calls_per_s", "async64_calls_per_s", "async256_calls_per_s",
             "remote_to_here_p50_us", "rref_method_p50_us", "init2_s", "init4_s", "init8_s", "shutdown2_s",
             "fanin_calls_per_s", "during_transfer_p99_ms", "rss_caller_over_payload", "rss_callee_over_payload",
-            "idle_cpu_percent", "memcpy_GBps"]
+            "idle_cpu_percent", "rnn_steps_per_s_p50", "rnn_steps_per_s_mean", "ps_steps_per_s_p50", "ps_steps_per_s_mean",
+            "memcpy_GBps"]
     keys += [f"{m}_{k}_{s}_GBps" for m in ("oneway", "echo") for k in KINDS for s in sizes]
     ours = [s for s in OURS if s in res]
     head = f"{'metric':30s}" + "".join(f" {s:>15s}" for s in systems) + "".join(f" {s + '/torch':>21s}" for s in ours)

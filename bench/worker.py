@@ -124,6 +124,25 @@ def w_rss(out):
     out["rss_callee_over_payload"] = (callee_peak - idle_callee) * 1024 / size
 
 
+def w_training(out):
+    """Training steps per second of torch's distributed RNN and parameter-server tutorials
+    (median and mean of per-step times)."""
+    import statistics
+
+    import training
+
+    if SYSTEM.startswith("torch"):
+        import torch.distributed.autograd as dist_autograd
+        from torch.distributed.optim import DistributedOptimizer
+    else:
+        import tensorplay_rpc.autograd as dist_autograd
+        from tensorplay_rpc.optim import DistributedOptimizer
+    for name, run in (("rnn", training.rnn_step_times), ("ps", training.parameter_server_step_times)):
+        samples = run(rpc, dist_autograd, DistributedOptimizer)
+        out[f"{name}_steps_per_s_p50"] = 1 / statistics.median(samples)
+        out[f"{name}_steps_per_s_mean"] = len(samples) / sum(samples)
+
+
 def w_idle(out):
     rpc.rpc_sync("w1", add, args=(1, 2))
     out["idle_cpu_percent"] = rpc.rpc_sync("w1", idle_cpu_percent)
@@ -140,7 +159,7 @@ def main():
         if RANK > 0:
             out["calls_per_s"] = fanin_client()
     elif RANK == 0:
-        {"small": w_small, "payload": w_payload, "rref": w_rref, "contention": w_contention, "rss": w_rss, "idle": w_idle, "init": lambda o: None}[WORKLOAD](out, *ARGS)
+        {"small": w_small, "payload": w_payload, "rref": w_rref, "contention": w_contention, "rss": w_rss, "idle": w_idle, "training": w_training, "init": lambda o: None}[WORKLOAD](out, *ARGS)
     t0 = time.perf_counter()
     rpc.shutdown()
     out["shutdown_s"] = time.perf_counter() - t0

@@ -1000,6 +1000,10 @@ def start_agent(store: str, name: str, rank: int, world_size: int, options: Tens
 
     The join waits in slices, so Ctrl-C stops one that waits on a missing worker."""
     init_timeout = options.rpc_timeout if options.rpc_timeout > 0 else constants.DEFAULT_RPC_TIMEOUT_SEC
+    if world_size > 0 and rank >= world_size:
+        # Go refuses it too (core.Agent's config check, in the same words), but a torch store
+        # meeting would first wait for a rank 0 that may never come.
+        raise RuntimeError(f"rank {rank} is out of range for world_size {world_size}: ranks run from 0 to {world_size - 1}")
     meeting = _torch_store.meeting_for(store, rank, init_timeout)
     if meeting is not None:
         store = meeting.free_port_url() if rank == 0 else meeting.read()

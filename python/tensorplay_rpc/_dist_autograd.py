@@ -400,18 +400,18 @@ def _recv_function() -> Any:
 def _make_recv_function() -> Any:
     import torch
 
-    class _RecvRpcBackward(torch.autograd.Function):
+    class _RecvRpcBackward(torch.autograd.Function):  # type: ignore[misc]  # torch is untyped here
         """The receive side of a message: its output is the received tensor (sharing its
         memory, not a view, so it may be changed in place); its backward hands the gradient
         to the pass running on this thread, which sends it to the tensor's sender."""
 
         @staticmethod
-        def forward(ctx: Any, dummy: Any, tensor: Any, key: RecvKey) -> Any:  # type: ignore[override]
+        def forward(ctx: Any, dummy: Any, tensor: Any, key: RecvKey) -> Any:
             ctx.key = key
             return tensor.detach()
 
         @staticmethod
-        def backward(ctx: Any, grad: Any) -> Tuple[None, None, None]:  # type: ignore[override]
+        def backward(ctx: Any, grad: Any) -> Tuple[None, None, None]:
             collector = _thread.collector
             if collector is None:
                 raise RuntimeError(

@@ -30,10 +30,7 @@ def _parse_remote_device(remote_device: str) -> Tuple[Union[str, int], str]:
     device = device or "cpu"
     if not worker or "/" in device:
         raise ValueError(f"Could not parse remote_device: {remote_device}. The valid format is '<workername>/<device>' or 'rank:<rank>/<device>'")
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as exc:
-        raise ValueError(f"Could not parse remote_device: {remote_device}: {exc}") from None
+    kind = torch.device(device).type  # torch's own error for a device it does not know
     if kind != "cpu":
         raise ValueError(f"remote_device {remote_device!r}: this build of tensorplay_rpc supports only CPU devices")
     if worker.startswith("rank:"):
@@ -70,7 +67,7 @@ def _raise_not_supported(name: str) -> Any:
     raise ValueError(f"Method ``{name}`` not supported for RemoteModule")
 
 
-class RemoteModule(nn.Module):
+class RemoteModule(nn.Module):  # type: ignore[misc]  # torch is untyped here
     """A module made by ``module_cls(*args, **kwargs)`` on the worker ``remote_device`` names
     (``"worker_name/cpu"`` or ``"rank:N/cpu"``), used from here: ``forward`` (and calling it)
     runs the module's forward there and returns the result; ``forward_async`` returns a Future
@@ -121,7 +118,8 @@ class RemoteModule(nn.Module):
     def remote_parameters(self, recurse: bool = True) -> List[RRef[nn.Parameter]]:
         """RRefs to the remote module's parameters (with ``recurse``, its submodules' too), for
         :class:`~tensorplay_rpc.optim.DistributedOptimizer`."""
-        return rpc_sync(self.on, _param_rrefs, args=(self.module_rref, recurse))
+        params: List[RRef[nn.Parameter]] = rpc_sync(self.on, _param_rrefs, args=(self.module_rref, recurse))
+        return params
 
     def get_module_rref(self) -> RRef[nn.Module]:
         """The RRef to the remote module."""

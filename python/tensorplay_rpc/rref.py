@@ -314,7 +314,7 @@ def _remember_inlined(func: Optional[Callable[..., Any]], inlined: bool) -> None
         pass
 
 
-def _backward_owner_rref(rref: "RRef[Any]", context_id: int, retain_graph: bool) -> None:
+def _backward_owner_rref(rref: PyRRef, context_id: int, retain_graph: bool) -> None:
     """Runs on an RRef's owner: the backward pass from its value (see PyRRef.backward)."""
     value = rref.local_value()
     torch = sys.modules.get("torch")

@@ -58,11 +58,14 @@ class Scale(torch.nn.Module):
         return self.forward(x)
 
 
-@harness.rpc.functions.async_execution
 def mul_later(x, y):
     """An async_execution function: its result comes through a future completed by a
     callback on another call."""
     return harness.rpc.rpc_async("w2", mul, args=(x, y)).then(lambda fut: fut.wait() * 2)
+
+
+if harness.rpc is not None:  # None where the test only lists the scenarios
+    mul_later = harness.rpc.functions.async_execution(mul_later)
 
 
 class FailingBackward(torch.autograd.Function):
@@ -206,17 +209,27 @@ def a_leaf_used_here_and_remotely():
 
 
 @differs(
-    "a leaf sent in the last RPC of the forward and also used by the caller's own graph gets all of its "
-    "gradient in the context; torch puts the local part in .grad and leaves the context's short of it",
-    "ok ([[2.8, 3.2, 3.6], [0.33333, 0.66667, 1.0]], None)",
+    "a leaf the caller's own graph uses, that also went out in RPCs through every worker, gets exactly "
+    "local autograd's gradient in the context; torch's sometimes (1 run in 4 here) puts the local part "
+    "in .grad instead and leaves the context's short of it",
+    "ok True",
 )
-def a_leaf_sent_last_and_used_here():
+def a_leaf_sent_and_used_here_matches_local_autograd():
     a, b = leaves()
     with harness.dist_autograd.context() as cid:
         x = harness.rpc.rpc_sync("w1", mul, args=(a, b))
-        f = harness.rpc.rpc_sync("w2", torch.add, args=(x, a))
+        y = harness.rpc.rpc_sync("w1", mul, args=(x, a))
+        z = harness.rpc.rpc_sync("w1", chain_on, args=("w2", y, b))
+        u = harness.rpc.rpc_sync("w1", back_to, args=("w0", z))
+        f = harness.rpc.rpc_async("w2", torch.add, args=(u, a)).wait()
         harness.dist_autograd.backward(cid, [f.sum() + a.sum()])
-        return grads_of(cid, a, b), a.grad
+        distributed = grads_of(cid, a, b)
+    la, lb = leaves()
+    y = la * lb * la
+    z = y * lb + y.sin()
+    f = torch.cos(z) * 3 + la
+    (f.sum() + la.sum()).backward()
+    return distributed == [rounded(la.grad), rounded(lb.grad)] and a.grad is None
 
 
 @scenario
@@ -473,3 +486,23 @@ def remote_module_pickled_outside_rpc():
 @scenario
 def is_available():
     return harness.dist_autograd.is_available()
+
+
+@scenario
+def remote_module_from_a_module_rref():
+    torch.manual_seed(0)
+    first = harness.RemoteModule("w1/cpu", torch.nn.Linear, args=(2, 1))
+    second = harness.RemoteModule.init_from_module_rref("w1/cpu", first.get_module_rref())
+    x = torch.ones(1, 2)
+    return rounded(first(x).detach()) == rounded(second.forward(x).detach()), second.get_module_rref().owner_name()
+
+
+@scenario
+def remote_module_on_a_rank():
+    module = harness.RemoteModule("rank:2/cpu", torch.nn.Linear, args=(2, 1))
+    return module.get_module_rref().owner_name(), len(module.remote_parameters())
+
+
+@scenario
+def remote_module_with_a_bad_device():
+    harness.RemoteModule("w1/nowhere:0", torch.nn.Linear, args=(2, 1))

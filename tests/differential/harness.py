@@ -178,11 +178,15 @@ def outcome(fn: Callable[[], Any]) -> str:
     return f"ok {normalise(repr(value))}"
 
 
-def _use_backend(name: str) -> None:
+def _use_backend(name: str, layers: bool) -> None:
+    """Use backend ``name``; with ``layers``, its modules built on RPC too (they import torch,
+    which changes what our futures are: the other modules run without it)."""
     global rpc, futures, backend, dist_autograd, DistributedOptimizer, RemoteModule
     backend = name
     rpc = importlib.import_module(name)
     futures = importlib.import_module("torch.futures") if name.startswith("torch") else rpc
+    if not layers:
+        return
     if name.startswith("torch"):
         dist_autograd = importlib.import_module("torch.distributed.autograd")
         DistributedOptimizer = importlib.import_module("torch.distributed.optim").DistributedOptimizer
@@ -234,8 +238,8 @@ def _run_alone(module_name: str, s: Scenario) -> str:
 
 
 def main(argv: List[str]) -> int:
-    _use_backend(argv[0])
     module_name, world_port = argv[1], int(argv[2])
+    _use_backend(argv[0], layers=module_name in RUN_AS_MAIN)
     if len(argv) > 3 and argv[3] == "--peer":
         _peer(module_name, world_port, int(argv[4]), int(argv[5]), argv[6])
         return 0

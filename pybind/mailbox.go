@@ -178,6 +178,27 @@ func (m *mailbox[T]) pop() *T {
 	return v
 }
 
+// blocked says a thread that took an item now waits on something else (a call it made, whose
+// reply may need another thread here, as a distributed backward's nested passes do): it no
+// longer counts as busy, so an item queued behind it wakes an idle thread at once instead of
+// waiting out stallAfter (and a late timer). unblocked undoes it.
+func (m *mailbox[T]) blocked() {
+	m.mu.Lock()
+	m.busy--
+	if len(m.items) > 0 && m.busy == 0 && m.waking == 0 {
+		m.wakeOne()
+		return
+	}
+	m.mu.Unlock()
+}
+
+// unblocked says the thread is back at its item (see blocked).
+func (m *mailbox[T]) unblocked() {
+	m.mu.Lock()
+	m.busy++
+	m.mu.Unlock()
+}
+
 // wakeAll wakes every waiting thread (the mailbox is closing).
 func (m *mailbox[T]) wakeAll() {
 	m.mu.Lock()

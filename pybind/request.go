@@ -21,6 +21,13 @@ func (a *Agent) NextRequest(timeoutMs int, served bool) *Request {
 	return a.requests.take(timeoutMs, served)
 }
 
+// ServeBlocked says a thread serving a request waits for a call it made (see mailbox.blocked);
+// ServeUnblocked says it is back. They come in pairs, from a thread NextRequest gave a request.
+func (a *Agent) ServeBlocked() { a.requests.blocked() }
+
+// ServeUnblocked: see ServeBlocked.
+func (a *Agent) ServeUnblocked() { a.requests.unblocked() }
+
 // Request is one incoming Python-level call.
 type Request struct {
 	Segments

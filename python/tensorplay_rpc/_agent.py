@@ -167,6 +167,9 @@ def install_agent(agent: Optional["TensorPipeAgent"], expected: Optional["Tensor
         _current = agent
 
 
+# Set on the threads that serve requests (their agent): see _CallFuture.wait_for.
+_serving_thread = threading.local()
+
 # Requests sent from Python's memory in place whose futures were dropped before they were sent
 # (see _abandon), by the id of the event that says Go no longer reads them. Kept by the module,
 # not the agent: a table an agent never heard back about is then never freed, rather than freed
@@ -284,6 +287,19 @@ class _CallFuture(Future[Any]):
         go_call = self._go_call
         if go_call is None or self._done:
             return True
+        # A thread serving a request that waits for a call it made (a nested call) lets another
+        # serving thread take the requests that come meanwhile at once: the reply may need one.
+        serving = getattr(_serving_thread, "agent", None)
+        if serving is not None:
+            serving._go_agent.ServeBlocked()
+        try:
+            return self._wait_for(go_call, seconds)
+        finally:
+            if serving is not None:
+                serving._go_agent.ServeUnblocked()
+
+    def _wait_for(self, go_call: Any, seconds: Optional[float]) -> bool:
+        """wait_for's wait, in slices so Ctrl-C gets through."""
         deadline = None if seconds is None else time.monotonic() + seconds
         slices = _interrupts.WaitSlices()
         try:
@@ -601,9 +617,9 @@ class TensorPipeAgent(RpcAgent):
 
     # -- outgoing calls -------------------------------------------------------------------
 
-    def rpc_async(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Future[Any]:
-        """Run ``call`` on worker ``dest``; the future of its result."""
-        return self._send(dest, (_CALL, *call), timeout)
+    def rpc_async(self, dest: WorkerInfo, call: FunctionCall, timeout: float, internal: bool = False) -> Future[Any]:
+        """Run ``call`` on worker ``dest``; the future of its result (``internal``: see _send)."""
+        return self._send(dest, (_CALL, *call), timeout, internal=internal)
 
     def rpc_sync(self, dest: WorkerInfo, call: FunctionCall, timeout: float) -> Any:
         """Run ``call`` on worker ``dest`` and return its result. The reply is collected by
@@ -786,6 +802,7 @@ class TensorPipeAgent(RpcAgent):
     # -- incoming calls -------------------------------------------------------------------
 
     def _serve_loop(self) -> None:
+        _serving_thread.agent = self
         served = False
         while True:
             go_request = self._go_agent.NextRequest(_IDLE_WAIT_MS, served)

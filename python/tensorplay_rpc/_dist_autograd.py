@@ -13,8 +13,10 @@
   the same way.
 - ``backward`` runs the local graph from the roots. Each receive node it reaches collects its
   gradient; once the local pass is over, the gradients go, one call per sender, to the workers
-  that sent those tensors, which run their own pass from the tensors they sent (and so on).
-  A pass returns once every pass it started has: the caller's ``backward`` returns when the
+  that sent those tensors, which run their own pass from the tensors they sent and return the
+  gradients that reached *their* receive nodes; the caller carries those on in the next wave,
+  and so on until none are left (see ``_drive``). Every call is made by the caller, one level
+  deep: no worker's thread waits on a worker that waits on it. ``backward`` returns when the
   whole world's part is done, or raises the first error any of them raised.
 - Gradients of leaves accumulate in the context of the worker that owns them, summed over
   every pass, never in ``.grad`` (the first pass, on the caller, lets ``.grad`` take them for a
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import queue
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -222,26 +225,57 @@ def release_context(context_id: int) -> None:
 
 
 def _tell_release(ctx: DistAutogradContext, told_by: Optional[int]) -> None:
+    """Have the releasing thread tell the workers ``ctx`` knows (but ``told_by``) that it is
+    released: the ``with`` block that ends a training step does not wait for them."""
+    workers = ctx._known_worker_ids() - {told_by}
+    if workers:
+        _releases.put((ctx._context_id(), workers))
+        _start_releasing()
+
+
+_releases: "queue.SimpleQueue[Tuple[int, Set[int]]]" = queue.SimpleQueue()
+_releasing: Optional[threading.Thread] = None
+
+
+def _start_releasing() -> None:
+    global _releasing
+    if _releasing is None or not _releasing.is_alive():
+        with _lock:
+            if _releasing is None or not _releasing.is_alive():
+                _releasing = threading.Thread(target=_release_loop, name="tensorplay-rpc-autograd-release", daemon=True)
+                _releasing.start()
+
+
+def _release_loop() -> None:
+    """Tell peers of released contexts, a batch at a time; ends once idle for a while."""
     from ._agent import current_agent
 
-    agent = current_agent()
-    if agent is None or not agent.running:
-        return
-    me = agent.info.id
-    for worker_id in ctx._known_worker_ids() - {me, told_by}:
-        info = agent.worker_by_id(worker_id)
-        if info is None:  # left a dynamic world: its contexts went with it
+    while True:
+        try:
+            batch = [_releases.get(timeout=10.0)]
+        except queue.Empty:
+            return
+        while not _releases.empty():
+            batch.append(_releases.get_nowait())
+        agent = current_agent()
+        if agent is None or not agent.running:
             continue
-        with suspended():
-            fut = agent.rpc_async(info, (_release_from_peer, (ctx._context_id(), me), {}), -1)
-        fut.add_done_callback(_log_release_failure)
-
-
-def _log_release_failure(fut: Any) -> None:
-    try:
-        fut.wait()
-    except Exception as exc:  # the peer is gone or shutting down: its contexts go with it
-        logger.debug("telling a peer to release an autograd context failed: %s", exc)
+        me = agent.info.id
+        calls = []
+        for context_id, workers in batch:
+            for worker_id in workers - {me}:
+                info = agent.worker_by_id(worker_id)
+                if info is None:  # left a dynamic world: its contexts went with it
+                    continue
+                try:
+                    calls.append(agent.rpc_async(info, (_release_from_peer, (context_id, me), {}), -1, internal=True))
+                except Exception as exc:  # shutting down meanwhile
+                    logger.debug("telling a peer to release an autograd context failed: %s", exc)
+        for call in calls:
+            try:
+                call.wait()
+            except Exception as exc:  # the peer is gone or shutting down: its contexts go with it
+                logger.debug("telling a peer to release an autograd context failed: %s", exc)
 
 
 def _release_from_peer(context_id: int, told_by: int) -> None:
@@ -497,6 +531,13 @@ def _pass_running() -> Iterator[List[Tuple[RecvKey, Any]]]:
             _backward_passes -= 1
 
 
+# A pass's gradients for tensors other workers sent, grouped: (context id, sender) -> the
+# messages' (indices, gradients) by message id.
+Outgoing = Dict[Tuple[int, int], Dict[int, Tuple[List[int], List[Any]]]]
+# The same, as a call of _pass_from_sends carries it: (message id, indices, gradients).
+Items = List[Tuple[int, List[int], List[Any]]]
+
+
 def backward(context_id: int, roots: Sequence[Any], retain_graph: bool = False) -> None:
     """Run the distributed backward pass from ``roots`` (scalars) in context ``context_id``."""
     import torch
@@ -525,12 +566,53 @@ def backward(context_id: int, roots: Sequence[Any], retain_graph: bool = False) 
                 got, leaf.grad = leaf.grad, grad
                 if got is not None:
                     ctx._accumulate(leaf, got)
-        _propagate(collector)
+    _drive(_grouped(collector))
 
 
-def _pass_from_sends(context_id: int, items: List[Tuple[int, List[int], List[Any]]]) -> None:
+def _drive(outgoing: Outgoing) -> None:
+    """Carry the gradients a pass sent out to the workers that sent those tensors, in waves:
+    each wave's passes run at once (this worker's own here, the others' by one call per worker
+    and context) and return the gradients they send out in turn, which make the next wave,
+    until none are left. Every call is made from here, one level deep: no pass waits on a
+    thread of a worker that waits on it. Raises the first error of a wave, once it is over."""
+    from ._agent import require_agent
+
+    agent = require_agent()
+    me = agent.info.id
+    while outgoing:
+        calls = []
+        local = []
+        for (context_id, sender), per_message in outgoing.items():
+            items: Items = [(mid, idx, grads) for mid, (idx, grads) in per_message.items()]
+            if sender == me:
+                local.append((context_id, items))
+                continue
+            info = agent.worker_by_id(sender)
+            if info is None:
+                raise RuntimeError(f"distributed backward: worker id {sender}, which sent tensors of context {context_id}, left the world")
+            with suspended():
+                calls.append(agent.rpc_async(info, (_pass_from_sends, (context_id, items), {}), -1, internal=True))
+        next_wave: Outgoing = {}
+        first_error: Optional[BaseException] = None
+        for context_id, items in local:
+            try:
+                _merge(next_wave, _pass_from_sends(context_id, items))
+            except BaseException as exc:
+                first_error = first_error or exc
+        for call in calls:
+            try:
+                _merge(next_wave, call.wait())
+            except BaseException as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        outgoing = next_wave
+
+
+def _pass_from_sends(context_id: int, items: Items) -> Outgoing:
     """Runs on a worker that sent tensors requiring grad: the pass from those tensors, given
-    the gradients their receivers computed (``items``: message id, indices, gradients)."""
+    the gradients their receivers computed (``items``: message id, indices, gradients). Returns
+    the gradients that reached this worker's receive nodes, for the caller to carry on."""
     import torch
 
     ctx = retrieve_context(context_id)
@@ -551,40 +633,28 @@ def _pass_from_sends(context_id: int, items: List[Tuple[int, List[int], List[Any
             for leaf, grad in zip(leaves, got):
                 if grad is not None:
                     ctx._accumulate(leaf, grad)
-        _propagate(collector)
+    return _grouped(collector)
 
 
-def _propagate(collector: List[Tuple[RecvKey, Any]]) -> None:
-    """Send the gradients that reached receive nodes to the workers that sent those tensors,
-    one call per worker and context, and wait for their passes; raise the first error."""
-    if not collector:
-        return
-    from ._agent import require_agent
-
-    grouped: Dict[Tuple[int, int], Dict[int, Tuple[List[int], List[Any]]]] = {}
+def _grouped(collector: List[Tuple[RecvKey, Any]]) -> Outgoing:
+    """What reached receive nodes, by the context and worker each tensor came from."""
+    grouped: Outgoing = {}
     for (context_id, sender, message_id, index), grad in collector:
         if grad is None:
             continue
-        per_message = grouped.setdefault((context_id, sender), {})
-        indices, gradients = per_message.setdefault(message_id, ([], []))
+        indices, gradients = grouped.setdefault((context_id, sender), {}).setdefault(message_id, ([], []))
         indices.append(index)
         gradients.append(grad)
-    agent = require_agent()
-    calls = []
-    for (context_id, sender), per_message in grouped.items():
-        info = agent.worker_by_id(sender)
-        if info is None:
-            raise RuntimeError(f"distributed backward: worker id {sender}, which sent tensors of context {context_id}, left the world")
-        items = [(mid, idx, grads) for mid, (idx, grads) in per_message.items()]
-        calls.append(agent.rpc_async(info, (_pass_from_sends, (context_id, items), {}), -1))
-    first_error: Optional[BaseException] = None
-    for call in calls:
-        try:
-            call.wait()
-        except BaseException as exc:
-            first_error = first_error or exc
-    if first_error is not None:
-        raise first_error
+    return grouped
+
+
+def _merge(into: Outgoing, more: Outgoing) -> None:
+    for key, per_message in more.items():
+        target = into.setdefault(key, {})
+        for message_id, (indices, gradients) in per_message.items():
+            held = target.setdefault(message_id, ([], []))
+            held[0].extend(indices)
+            held[1].extend(gradients)
 
 
 def get_gradients(context_id: int) -> Dict[Any, Any]:

@@ -114,6 +114,10 @@ class _TensorBytes:
         return self.start <= start and end <= self.end and (start - self.start) % item == 0 and (self.end - self.start) % item == 0
 
     def __reduce__(self) -> Tuple[Callable[..., Any], Tuple[Any, ...]]:
+        if self.end - self.start < OUT_OF_BAND_MIN:
+            # Small ones stay inside the pickle, as other buffers do: a message of one segment
+            # takes the transports' fast path for small messages.
+            return _rebuild_tensor_bytes, (bytearray(self.data.numpy()),)
         return _rebuild_tensor_bytes, (pickle.PickleBuffer(self.data.numpy()),)
 
 

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import _dist_autograd
+from ._agent import function_call, require_agent
 from .api import rpc_async
 from .futures import Future
 from .rref import RRef
@@ -97,7 +98,20 @@ class DistributedOptimizer:
         """One step of every owner's optimizer, with the gradients of distributed autograd
         context ``context_id``; returns once all are done (raises the first error)."""
         _dist_autograd.retrieve_context(context_id)  # raises naming it if there is none here
-        _wait_for_all([rpc_async(opt.owner(), _local_optimizer_step, args=(opt, context_id)) for opt in self.remote_optimizers])
+        remote = [opt for opt in self.remote_optimizers if not opt.is_owner()]
+        agent = require_agent()
+        futures = [agent.rpc_async(opt.owner(), function_call(_local_optimizer_step, (opt, context_id), None), -1, internal=True) for opt in remote]
+        # This worker's own optimizer steps here meanwhile, without a call to itself.
+        local_error: Optional[BaseException] = None
+        for opt in self.remote_optimizers:
+            if opt.is_owner():
+                try:
+                    _local_optimizer_step(opt, context_id)
+                except BaseException as exc:
+                    local_error = local_error or exc
+        _wait_for_all(futures)
+        if local_error is not None:
+            raise local_error
 
     def __repr__(self) -> str:
         owners: Optional[List[str]] = [opt.owner_name() for opt in self.remote_optimizers]

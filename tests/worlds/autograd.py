@@ -25,6 +25,9 @@ class _StopsInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         os.kill(os.getpid(), ctx.how)
+        # A signal a process sends itself takes effect a moment later: without a pause this
+        # pass could finish and reply first.
+        time.sleep(1)
         return grad, None
 
 
@@ -70,6 +73,7 @@ def peer_dies_mid_backward(rank, world_size):
         time.sleep(60)  # killed in its backward long before
     else:
         wait_done(60)
+        time.sleep(0.5)  # the reply to set_done leaves before this worker does
     rpc.shutdown(graceful=False)  # a graceful one would wait for the dead worker
     return out
 
@@ -81,5 +85,27 @@ def peer_freezes_mid_backward(rank, world_size):
         out["frozen"], out["frozen_took"], pid = _backward_outcome("worker1", signal.SIGSTOP)
         out["after_freeze"] = _still_trains_with("worker2")
         os.kill(pid, signal.SIGCONT)
+        out["w1_log"] = rpc.rpc_sync("worker1", get_log)
     rpc.shutdown()
     return out
+
+
+LOG = []
+
+
+def get_log():
+    return LOG
+
+
+def _install_log():
+    from tensorplay_rpc import _dist_autograd as da
+    orig = da._pass_from_sends
+
+    def logged(context_id, items):
+        LOG.append(("pass", context_id, [(m, i) for m, i, _ in items], {k: len(v) for k, v in da.retrieve_context(context_id)._sends.items()}))
+        r = orig(context_id, items)
+        LOG.append(("done", r))
+        return r
+
+    da._pass_from_sends = logged
+

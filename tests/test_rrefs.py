@@ -109,8 +109,18 @@ def test_futures_and_all_gather():
 
 
 def test_graceful_shutdown_with_rrefs_held():
-    results = run_world("rrefs:shutdown_with_rrefs", 2, timeout=60)
-    assert results[0].value[0] == 50, f"an RRef held through shutdown gave {results[0].value[0]}"
+    caller, owner = (r.value for r in run_world("rrefs:shutdown_with_rrefs", 2, timeout=60))
+    expect_behaviours(caller, {
+        "a bad timeout is refused before anything changes":
+            lambda o: raised(TypeError, "timeout must be a number of seconds, got str")(o["bad_timeout"]),
+        "and the worker is still up": lambda o: o["still_up"] == 3 and o["small_before"] == 41,
+        "every held RRef survived until shutdown": lambda o: o["held"] == 50,
+        "a user RRef used after shutdown raises, even with its value cached":
+            lambda o: o["small_after"][0] is RuntimeError and "has been deleted. Cannot call to_here() on it after deletion." in o["small_after"][1],
+    })
+    expect_behaviours(owner, {
+        "the owner holds none of the caller's RRefs as it leaves": lambda o: o["owned_at_exit"] == 0,
+    })
 
 
 def test_custom_backend():

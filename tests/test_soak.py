@@ -8,6 +8,7 @@ import time
 import pytest
 
 from conftest import run_world
+from tensorplay_rpc.futures import CALLBACK_THREADS_MAX
 
 SECONDS = float(os.environ.get("TENSORPLAY_SOAK_SECONDS", "20"))
 WORLD_TIMEOUT = SECONDS * 3 + 120
@@ -21,6 +22,7 @@ def check_nothing_leaked(results):
         end, warm, middle = v["end"], v["warm"], v["middle"]
         assert end["pending_futures"] == 0 and end["lent"] == 0, (r.rank, end)
         assert end["threads"] == warm["threads"], (r.rank, warm, end)
+        assert end["callback_threads"] <= CALLBACK_THREADS_MAX, (r.rank, warm, end)
         assert end["goroutines"] <= warm["goroutines"] + 8, (r.rank, warm, end)
         grew = end["rss_kib"] - middle["rss_kib"]
         assert grew < 64 * 1024, f"rank {r.rank} RSS still grew by {grew} KiB in the second half"

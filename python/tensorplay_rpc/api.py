@@ -20,7 +20,7 @@ from .crosslang import RemoteFunction
 from .backend_registry import BackendType
 from .futures import Future, use_torch_futures
 from .options import RpcBackendOptions
-from .rref import RRef, remote_function_rref, remote_rref
+from .rref import RRef, delete_user_rrefs, remote_function_rref, remote_rref
 from .worker_info import WorkerInfo
 
 __all__ = [
@@ -209,9 +209,14 @@ def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_
     call raises. In a dynamic world (``world_size=None``) there is no barrier: this worker
     waits for its own calls (if graceful), then leaves, and every other worker hears of it.
     """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        # Checked before anything changes: the agent stays up and installed.
+        raise TypeError(f"shutdown(): timeout must be a number of seconds, got {type(timeout).__name__}")
     agent = require_agent()
+    if graceful:
+        delete_user_rrefs(agent)
     try:
-        agent.shutdown(graceful, timeout)
+        agent.shutdown(bool(graceful), timeout)
     finally:
         install_agent(None, expected=agent)
 

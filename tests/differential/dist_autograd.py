@@ -436,13 +436,14 @@ def forward_method_elsewhere(module, x):
     return module.forward(x).sum()
 
 
-@scenario
-def a_remote_module_passed_to_another_worker():
+def _grads_through_a_passed_remote_module(use_it_there):
+    """Pass a RemoteModule of a Linear on w2 to w1, which uses it (``use_it_there``): the
+    caller's input gets the module's weight as its gradient."""
     torch.manual_seed(0)
     module = harness.RemoteModule("w2", torch.nn.Linear, kwargs={"in_features": 2, "out_features": 1})
     x = torch.ones(1, 2, requires_grad=True)
     with harness.dist_autograd.context() as cid:
-        y = harness.rpc.rpc_sync("w1", forward_method_elsewhere, args=(module, x))
+        y = harness.rpc.rpc_sync("w1", use_it_there, args=(module, x))
         harness.dist_autograd.backward(cid, [y])
         return grads_of(cid, x)[0] == rounded(harness.rpc.rpc_sync("w2", weight_of_linear, args=(module.get_module_rref(),)))
 
@@ -451,19 +452,18 @@ def weight_of_linear(module_rref):
     return module_rref.local_value().weight.detach()
 
 
+@scenario
+def a_remote_module_passed_to_another_worker():
+    return _grads_through_a_passed_remote_module(forward_method_elsewhere)
+
+
 @differs(
     "a RemoteModule that came in an RPC can be called like any module; torch's lacks nn.Module's state "
     "there ('_backward_hooks'), so only its forward() works",
     "ok True",
 )
 def a_remote_module_passed_on_is_callable():
-    torch.manual_seed(0)
-    module = harness.RemoteModule("w2", torch.nn.Linear, kwargs={"in_features": 2, "out_features": 1})
-    x = torch.ones(1, 2, requires_grad=True)
-    with harness.dist_autograd.context() as cid:
-        y = harness.rpc.rpc_sync("w1", forward_elsewhere, args=(module, x))
-        harness.dist_autograd.backward(cid, [y])
-        return grads_of(cid, x)[0] == rounded(harness.rpc.rpc_sync("w2", weight_of_linear, args=(module.get_module_rref(),)))
+    return _grads_through_a_passed_remote_module(forward_elsewhere)
 
 
 @scenario

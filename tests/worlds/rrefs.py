@@ -294,16 +294,29 @@ def futures_and_gather(rank, world_size):
 
 
 def shutdown_with_rrefs(rank, world_size):
-    """Graceful shutdown with RRefs still held and deletions pending returns."""
+    """Graceful shutdown with RRefs still held and deletions pending returns; the held ones
+    are released to their owner first (as torch deletes every user RRef in its graceful
+    shutdown), so the owner holds none when it leaves; used afterwards, they raise."""
     init(rank, world_size)
-    held = []
+    agent = rpc_api.require_agent()
+    held, out = [], {}
     if rank == 0:
         held = [rpc.remote("worker1", Counter, args=(i,)) for i in range(50)]
         for i in range(50):
             rpc.remote("worker1", Counter, args=(i,))  # dropped at once: releases in flight
+        small = rpc.remote("worker1", add, args=(40, 1))
+        out["small_before"] = small.to_here()
+        out["bad_timeout"] = error_of(lambda: rpc.shutdown(timeout="x"))
+        out["still_up"] = rpc.rpc_sync("worker1", add, args=(1, 2))
     start = time.monotonic()
     rpc.shutdown()
-    return len(held), time.monotonic() - start
+    out["took"] = time.monotonic() - start
+    out["held"] = len(held)
+    # Go's count of the values this worker owns, as it left.
+    out["owned_at_exit"] = agent._go_agent.OwnedRRefs()
+    if rank == 0:
+        out["small_after"] = error_of(small.to_here)
+    return out
 
 
 # -- backends and init methods --------------------------------------------------------------

@@ -27,7 +27,10 @@ def snapshot():
         "pending_futures": agent.pending_futures(),
         "lent": agent.lent_messages(),
         "goroutines": agent.goroutines(),
-        "threads": threading.active_count(),
+        # Callback threads come and go with the work (an idle one ends after a while): counted
+        # apart, and bounded, not compared.
+        "threads": sum(not t.name.startswith("tensorplay-rpc-callbacks-") for t in threading.enumerate()),
+        "callback_threads": sum(t.name.startswith("tensorplay-rpc-callbacks-") for t in threading.enumerate()),
         "rss_kib": rss_kib(),
     }
 

@@ -93,9 +93,10 @@ func expectOK(conn *net.UnixConn) error {
 	return nil
 }
 
-// acceptHandshake sets up a stream as the listener, checking the dialer with checkToken.
-// l is the dialer's process if this side reads what it lends (readLender), else nil.
-func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from string) bool, readLender bool) (mem []byte, ringBytes int, l *lender, err error) {
+// acceptHandshake sets up a stream as the listener, checking the dialer with checkToken, and
+// calls authed once it has. l is the dialer's process if this side reads what it lends
+// (readLender), else nil.
+func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from string) bool, readLender bool, authed func()) (mem []byte, ringBytes int, l *lender, err error) {
 	from := peerName(conn)
 	head := make([]byte, len(handshakeMagic)+4)
 	if _, err := io.ReadFull(conn, head); err != nil {
@@ -116,6 +117,7 @@ func acceptHandshake(conn *net.UnixConn, checkToken func(token []byte, from stri
 		conn.Write([]byte{handshakeRefused})
 		return nil, 0, nil, fmt.Errorf("refused %s: it is another user's or lacks the world's token", from)
 	}
+	authed()
 	if _, err := conn.Write([]byte{handshakeOK}); err != nil {
 		return nil, 0, nil, err
 	}

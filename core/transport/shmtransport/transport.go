@@ -52,6 +52,8 @@ type Transport struct {
 	listener *net.UnixListener
 	streams  map[*stream]struct{}
 	closed   bool
+
+	admission admission
 }
 
 // New returns a transport that is not yet listening. A non-empty token is shown on every
@@ -97,20 +99,15 @@ func (t *Transport) Listen(_ string, serve func(transport.Stream)) (string, erro
 	return addrPrefix + t.hostKey + "/" + name, nil
 }
 
-func (t *Transport) accept(lis *net.UnixListener, serve func(transport.Stream)) {
-	for {
-		conn, err := lis.AcceptUnix()
-		if err != nil {
-			return // closed
-		}
-		go t.setUp(conn, serve)
-	}
-}
-
-// setUp runs the listener's side of a new stream's handshake, then serves it.
+// setUp runs the listener's side of a new stream's handshake (one of the set-ups accept
+// admitted), then serves it.
 func (t *Transport) setUp(conn *net.UnixConn, serve func(transport.Stream)) {
-	conn.SetDeadline(time.Now().Add(handshakeTimeout))
-	mem, ringBytes, lender, err := acceptHandshake(conn, t.sec.CheckToken, !t.noLending)
+	// A dialer has preAuthTimeout to show its hello, and the whole set-up handshakeTimeout.
+	start := time.Now()
+	conn.SetDeadline(start.Add(preAuthTimeout))
+	authed := func() { conn.SetDeadline(start.Add(handshakeTimeout)) }
+	mem, ringBytes, lender, err := acceptHandshake(conn, t.sec.CheckToken, !t.noLending, authed)
+	t.admission.inFlight.Add(-1)
 	if err != nil {
 		slog.Debug("tensorplay-rpc: shared-memory stream not set up", "err", err)
 		conn.Close()
@@ -183,7 +180,8 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 }
 
 // Probe implements transport.Prober: on this host, an abstract socket that refuses a
-// connection has no listener, so its worker's process is gone.
+// connection has no listener, so its worker's process is gone; one whose listener is not the
+// worker's process (another user's, or another pid's) is gone too.
 func (t *Transport) Probe(ctx context.Context, addr string) error {
 	key, name, ok := splitAddr(addr)
 	if !ok || key != t.hostKey {
@@ -197,7 +195,13 @@ func (t *Transport) Probe(ctx context.Context, addr string) error {
 	if err != nil {
 		return fmt.Errorf("probe %s: %w", addr, err)
 	}
-	return c.Close()
+	defer c.Close()
+	// Someone listens there; it is the worker only if it is its process (another user, or any
+	// other process, may have bound the name of a worker that exited).
+	if err := probeOwner(c.(*net.UnixConn), name); err != nil {
+		return fmt.Errorf("probe %s: %v: %w", addr, err, transport.ErrGone)
+	}
+	return nil
 }
 
 // track registers s, so Close can end it; false (and s closed) if the transport is closed.

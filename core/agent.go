@@ -278,7 +278,7 @@ func (a *Agent) openStore(cfg Config, host string) (string, error) {
 		if path == "" {
 			return "", fmt.Errorf("init_method %q names no file", cfg.InitMethod)
 		}
-		a.store = rendezvous.NewFileStore(path)
+		a.store = rendezvous.NewFileStore(path, cfg.Token)
 		// A file every worker opens suggests one machine: loopback unless told otherwise.
 		return cmp.Or(host, "127.0.0.1"), nil
 	}

@@ -3,6 +3,8 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,9 +20,16 @@ import (
 // init_method="file:///path": workers append records under an exclusive lock and read the
 // file until their round is complete. The last worker to close it removes the file, so the
 // path can be used again.
+//
+// The file often sits in a directory other users can write (/tmp): it is opened without
+// following a symbolic link and used only if this user owns it and no one else may write it,
+// so a file another user created first is refused, not trusted. With the world's token, every
+// record carries an HMAC of itself under the token, and a record without a valid one is
+// refused too.
 type FileStore struct {
-	path string
-	poll time.Duration
+	path  string
+	token []byte
+	poll  time.Duration
 }
 
 type fileRecord struct {
@@ -32,11 +41,59 @@ type fileRecord struct {
 	Value    []byte
 }
 
+// A record's frame: its length (u32), its msgpack body, and with a token the HMAC-SHA256 of
+// the body under it.
+const recordMACBytes = sha256.Size
+
 // leaveRound is the round every worker joins when it closes the store.
 const leaveRound = "\x00leave"
 
-// NewFileStore returns a store kept in the file at path.
-func NewFileStore(path string) *FileStore { return &FileStore{path: path, poll: 5 * time.Millisecond} }
+// NewFileStore returns a store kept in the file at path; token, if not empty, authenticates
+// its records.
+func NewFileStore(path, token string) *FileStore {
+	return &FileStore{path: path, token: []byte(token), poll: 5 * time.Millisecond}
+}
+
+// open opens the store file without following a symbolic link, creating it (mode 0600) if
+// create, and checks that it is this user's and writable by no one else.
+func (s *FileStore) open(flags int, create bool) (*os.File, error) {
+	flags |= syscall.O_NOFOLLOW | syscall.O_CLOEXEC
+	if create {
+		flags |= os.O_CREATE
+	}
+	f, err := os.OpenFile(s.path, flags, 0o600)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("store file %s is a symbolic link: refusing it (another user may have planted it)", s.path)
+		}
+		return nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat the store file %s: %w", s.path, err)
+	}
+	switch {
+	case st.Mode&syscall.S_IFMT != syscall.S_IFREG:
+		err = fmt.Errorf("store file %s is not a regular file: refusing it", s.path)
+	case int(st.Uid) != os.Getuid():
+		err = fmt.Errorf("store file %s belongs to uid %d, not to this user (uid %d): refusing it (another user may have created it first; remove it or use a path only this user can write)", s.path, st.Uid, os.Getuid())
+	case st.Mode&0o022 != 0:
+		err = fmt.Errorf("store file %s may be written by others (mode %04o): refusing it (remove it, or make it 0600)", s.path, st.Mode&0o7777)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// mac is the HMAC of a record's body under the token.
+func (s *FileStore) mac(body []byte) []byte {
+	h := hmac.New(sha256.New, s.token)
+	h.Write(body)
+	return h.Sum(nil)
+}
 
 // Gather implements Store.
 func (s *FileStore) Gather(ctx context.Context, req GatherRequest) ([][]byte, error) {
@@ -104,7 +161,7 @@ func (s *FileStore) append(r fileRecord) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := s.open(os.O_WRONLY|os.O_APPEND, true)
 	if err != nil {
 		return fmt.Errorf("open the store file: %w", err)
 	}
@@ -114,7 +171,11 @@ func (s *FileStore) append(r fileRecord) error {
 	}
 	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	frame := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
-	if _, err := f.Write(append(frame, body...)); err != nil {
+	frame = append(frame, body...)
+	if len(s.token) > 0 {
+		frame = append(frame, s.mac(body)...)
+	}
+	if _, err := f.Write(frame); err != nil {
 		return fmt.Errorf("write the store file %s: %w", s.path, err)
 	}
 	return nil
@@ -122,10 +183,15 @@ func (s *FileStore) append(r fileRecord) error {
 
 // read returns every complete record in the file; a record being written is skipped.
 func (s *FileStore) read() ([]fileRecord, error) {
-	data, err := os.ReadFile(s.path)
+	f, err := s.open(os.O_RDONLY, false)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	if err != nil {
+		return nil, fmt.Errorf("read the store file: %w", err)
+	}
+	data, err := io.ReadAll(f)
+	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("read the store file: %w", err)
 	}
@@ -142,6 +208,15 @@ func (s *FileStore) read() ([]fileRecord, error) {
 		body := make([]byte, size)
 		if _, err := io.ReadFull(rd, body); err != nil {
 			return records, nil
+		}
+		if len(s.token) > 0 {
+			mac := make([]byte, recordMACBytes)
+			if _, err := io.ReadFull(rd, mac); err != nil {
+				return records, nil // being written
+			}
+			if !hmac.Equal(mac, s.mac(body)) {
+				return nil, fmt.Errorf("store file %s holds a record not signed with the world's token: refusing it (another world's, or forged)", s.path)
+			}
 		}
 		var r fileRecord
 		if err := msgpack.Unmarshal(body, &r); err != nil {

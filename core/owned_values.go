@@ -44,7 +44,9 @@ type ownedValues struct {
 }
 
 // create makes the slot of a new RRef, or says why it cannot.
-func (v *ownedValues) create(id wire.RRefID) (*ownedValue, error) {
+// create publishes a slot for id's value; stop, set before the slot is published (a release
+// may drop it at once), ends its making when the value is dropped.
+func (v *ownedValues) create(id wire.RRefID, stop context.CancelFunc) (*ownedValue, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.m == nil {
@@ -53,7 +55,7 @@ func (v *ownedValues) create(id wire.RRefID) (*ownedValue, error) {
 	if v.m[id] != nil {
 		return nil, fmt.Errorf("an RRef %v exists already", id)
 	}
-	slot := &ownedValue{ready: make(chan struct{})}
+	slot := &ownedValue{ready: make(chan struct{}), stop: stop}
 	v.m[id] = slot
 	return slot, nil
 }
@@ -115,17 +117,25 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 		call.Fail(fmt.Errorf("remote() of %q: RRef (created_on=%d, local_id=%d) is not one of worker %q with a fork registered here", truncateText(method, maxMethodName), id.Creator, id.Local, call.Caller.Name))
 		return
 	}
-	slot, err := a.values.create(id)
-	if err != nil {
-		req.Release()
-		call.Fail(err)
-		return
-	}
 	// The caller may stop waiting for the confirmation (its deadline): its call, and the slot
 	// it holds in this worker's service, end then; the value is still made, as torch's owner
 	// makes it, until the RRef is dropped.
 	ctx, stop := context.WithCancel(a.serveCtx)
-	slot.stop = stop
+	slot, err := a.values.create(id, stop)
+	if err != nil {
+		stop()
+		req.Release()
+		call.Fail(err)
+		return
+	}
+	// A release applied between the check above and create found no value to drop: look again,
+	// now that the slot is there for the next one to find.
+	if !a.refs.hasForks(id) {
+		a.values.drop(id)
+		req.Release()
+		call.Fail(fmt.Errorf("remote() of %q: RRef (created_on=%d, local_id=%d) was released before it was made", truncateText(method, maxMethodName), id.Creator, id.Local))
+		return
+	}
 	giveUp := context.AfterFunc(call.Context(), func() {
 		call.Fail(fmt.Errorf("%w: the caller stopped waiting for the creation of RRef (created_on=%d, local_id=%d)", ErrCanceled, id.Creator, id.Local))
 	})

@@ -129,6 +129,11 @@ func (s *laned) read(lane msgStream, bulk bool) {
 			}
 		}
 		err := recvFrame(lane, f)
+		if err == nil && transport.Bulk(f) != bulk {
+			// Send puts every frame on the lane transport.Bulk names: one on the other lane
+			// would be decoded beside the bulk reader's writes into the same message.
+			err = fmt.Errorf("%w: a frame of kind %d on the %s lane", transport.ErrMalformed, f.Kind, laneName(bulk))
+		}
 		if err != nil {
 			f = nil
 		}
@@ -290,3 +295,10 @@ func (s *lanedServerStream) Identity() transport.PeerIdentity {
 
 // Close is a no-op: a server stream ends when its serve function returns.
 func (s *lanedServerStream) Close() error { return nil }
+
+func laneName(bulk bool) string {
+	if bulk {
+		return "bulk"
+	}
+	return "small"
+}

@@ -2,6 +2,7 @@ package grpctransport
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -140,5 +141,56 @@ func TestSmallFrameOvertakesABigTransfer(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the small frame did not arrive")
+	}
+}
+
+// queuedLane is a lane that gives the frames queued on it, then waits until done.
+type queuedLane struct {
+	frames chan *wire.Frame
+	done   chan struct{}
+}
+
+func (q *queuedLane) SendMsg(any) error { return nil }
+
+func (q *queuedLane) RecvMsg(m any) error {
+	select {
+	case f := <-q.frames:
+		*m.(*wire.Frame) = *f
+		return nil
+	case <-q.done:
+		return transport.ErrClosed
+	}
+}
+
+// TestAFrameOnTheWrongLaneEndsTheStream: a peer that sends a big message's frame on the small
+// lane, or a small frame on the bulk lane, has the stream fail as malformed, rather than
+// have two readers decode into one message.
+func TestAFrameOnTheWrongLaneEndsTheStream(t *testing.T) {
+	cases := []struct {
+		name string
+		bulk bool
+		f    *wire.Frame
+	}{
+		{"a chunk on the small lane", false, &wire.Frame{Kind: wire.FrameChunk, ID: 1, Payload: []byte("x")}},
+		{"a big request's header on the small lane", false, &wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "m", Sizes: []int64{1 << 20}}},
+		{"a small request on the bulk lane", true, &wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "m"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			done := make(chan struct{})
+			defer close(done)
+			small := &queuedLane{frames: make(chan *wire.Frame, 1), done: done}
+			bulk := &queuedLane{frames: make(chan *wire.Frame, 1), done: done}
+			s := newLaned(small, bulk, false)
+			if c.bulk {
+				bulk.frames <- c.f
+			} else {
+				small.frames <- c.f
+			}
+			f, err := s.Recv()
+			if !errors.Is(err, transport.ErrMalformed) {
+				t.Fatalf("Recv gave %v, %v; want the stream to fail as malformed", f, err)
+			}
+		})
 	}
 }

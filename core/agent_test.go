@@ -154,6 +154,39 @@ func TestDeadline(t *testing.T) {
 	})
 }
 
+// TestNonGracefulShutdownFailsPendingSelfCalls: calls a worker made to itself that are still
+// being served fail at a non-graceful shutdown, as calls to peers do (they stayed pending for
+// good when their handler did not return).
+func TestNonGracefulShutdownFailsPendingSelfCalls(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	handlers := testHandlers(release)
+	// As a request queued for Python's threads is: nothing ends it but its handler.
+	handlers["stuck"] = core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) {
+		<-release
+		return core.Message{}, nil
+	})
+	c := coretest.New(t, 2, coretest.Options{Handlers: handlers})
+	var pending []*core.CallFuture
+	for range 3 {
+		pending = append(pending, c.Agents[0].CallAsync(context.Background(), "w0", "stuck", core.Message{}))
+	}
+	if _, err := c.Agents[0].Call(testctx.For(t), "w0", "echo", core.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Agents[0].Shutdown(testctx.For(t), false)
+	for _, f := range pending {
+		select {
+		case <-f.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a call to itself is still pending after a non-graceful shutdown")
+		}
+		if _, err := f.Result(); !errors.Is(err, core.ErrShutdown) || !strings.Contains(err.Error(), `"w0" (itself)`) {
+			t.Fatalf("err = %v, want shut down naming w0", err)
+		}
+	}
+}
+
 func TestPeerLostFailsPendingCalls(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
 		release := make(chan struct{})

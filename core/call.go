@@ -93,6 +93,12 @@ func (a *Agent) call(ctx context.Context, to *member, method string, req Message
 		// no longer read once the call returns and the reply is handed over.
 		to.stats.callsServed.Add(1)
 		to.stats.bytesReceived.Add(int64(req.Size()))
+		// A shutdown fails it if it is still pending then, as it fails calls to peers (a handler
+		// queued to Python may never run).
+		stopOnClose := context.AfterFunc(a.serveCtx, func() {
+			f.complete(Message{}, fmt.Errorf("%w: the call to worker %q (itself) was still pending", ErrShutdown, a.self.Name))
+		})
+		f.AfterDone(func() { stopOnClose() })
 		a.dispatch(a.serveCtx, a.self, frame, req.ownCopy(), func(resp *wire.Frame, msg Message) <-chan struct{} {
 			to.stats.bytesSent.Add(int64(msg.Size()))
 			own := msg.ownCopy()

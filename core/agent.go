@@ -138,6 +138,7 @@ type Agent struct {
 	// values are the RRef values this worker keeps for remote() of its handlers (owned_values.go).
 	values        ownedValues
 	refFlushArmed atomic.Bool // a timer will send the queued reference operations (peer.refLog)
+	refRetryArmed atomic.Bool // a timer will try again those an owner could not be sent (flushRefOps)
 	// refSeqMu orders the application of a worker's reference operations across its streams
 	// (see applyRefOpsFrom).
 	refSeqMu    sync.Mutex

@@ -89,7 +89,7 @@ func (p *peer) ackRefOps(seq uint64) {
 	p.refSent = max(0, p.refSent-k)
 }
 
-// dropRefOps forgets every operation for the peer, as when it cannot be reached at shutdown.
+// dropRefOps forgets every operation for the peer: it left the world, and its values with it.
 func (p *peer) dropRefOps() int {
 	p.refMu.Lock()
 	defer p.refMu.Unlock()

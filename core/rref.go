@@ -244,9 +244,12 @@ func (a *Agent) applyRefOps(ops []wire.RefOp) {
 	}
 }
 
-// flushRefOps sends every queued reference operation. Those for owners that cannot be reached
-// are dropped: those owners are gone, and so are their values.
+// flushRefOps sends every queued reference operation. Those for an owner that cannot be reached
+// now stay queued, to go with the next stream to it (a retry comes after refRetryDelay): the
+// owner is still in the world (one that left has its operations dropped with it, peer.leave),
+// and dropping them would leave its sequence behind the holder's for good.
 func (a *Agent) flushRefOps(ctx context.Context) {
+	undelivered := false
 	for _, m := range a.world().byID {
 		p := m.peer
 		if !p.hasRefOps() {
@@ -257,8 +260,18 @@ func (a *Agent) flushRefOps(ctx context.Context) {
 			err = c.writer.sendRefOps()
 		}
 		if err != nil {
-			n := p.dropRefOps()
-			a.log.Debug("tensorplay-rpc: RRef operations not delivered", "owner", p.info.Name, "count", n, "err", err)
+			undelivered = true
+			a.log.Debug("tensorplay-rpc: RRef operations not delivered yet", "owner", p.info.Name, "err", err)
 		}
 	}
+	if undelivered && a.serveCtx.Err() == nil && a.refRetryArmed.CompareAndSwap(false, true) {
+		time.AfterFunc(refRetryDelay, func() {
+			a.refRetryArmed.Store(false)
+			a.flushLateRefOps()
+		})
+	}
 }
+
+// refRetryDelay is how long reference operations an owner could not be sent wait before the
+// next try, when no call to it takes them along sooner.
+const refRetryDelay = 500 * time.Millisecond

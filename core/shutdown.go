@@ -254,6 +254,7 @@ func (a *Agent) forgetIfGone(m *member) {
 		return
 	}
 	a.releaseForksOf(m)
+	m.peer.dropRefOps() // what this worker had for it: its values went with its process
 }
 
 // releaseForksOf drops the RRef forks member m held: it is gone, and will never release them.

@@ -224,3 +224,49 @@ func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
 		}
 	}
 }
+
+// TestReferenceOperationsWaitOutAPartition: operations queued while the owner cannot be
+// reached are kept and go once it can (they were dropped, and the holder's numbering then ran
+// ahead of the owner's for good: every later operation was refused "out of sequence", values
+// leaked). Partition, release, heal, add, release: the owner ends holding nothing.
+func TestReferenceOperationsWaitOutAPartition(t *testing.T) {
+	network := transport.NewInmemNetwork()
+	c := coretest.New(t, 2, coretest.Options{Handlers: echo, Network: network})
+	holder, owner := c.Agents[0], c.Agents[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	call := func() error {
+		_, err := holder.Call(ctx, "w1", "echo", core.Message{})
+		return err
+	}
+	first, fork := holder.NewRRefID(), holder.NewRRefID()
+	if err := holder.AddFork(ctx, 1, first, fork, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, "the owner registers the first fork", func() bool { return owner.OwnedRRefs() == 1 })
+
+	network.Partition(holder.Self().Addr, owner.Self().Addr)
+	waitUntil(ctx, t, "the holder sees the partition", func() bool { return call() != nil })
+	if err := holder.ReleaseFork(1, first, fork); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the queued release's flush finds the owner unreachable
+	network.Heal(holder.Self().Addr, owner.Self().Addr)
+
+	second, fork2 := holder.NewRRefID(), holder.NewRRefID()
+	if err := holder.AddFork(ctx, 1, second, fork2, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, "calls go through again", func() bool { return call() == nil })
+	waitUntil(ctx, t, "the owner applies the release and the new fork (holding only the second)", func() bool { return owner.OwnedRRefs() == 1 })
+	if err := holder.ReleaseFork(1, second, fork2); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, "the owner holds nothing once every fork is released", func() bool {
+		call()
+		return owner.OwnedRRefs() == 0
+	})
+}

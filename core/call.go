@@ -45,20 +45,16 @@ func (a *Agent) CallRank(ctx context.Context, to int, method string, req Message
 func (a *Agent) call(ctx context.Context, to *member, method string, req Message, f *CallFuture) *CallFuture {
 	name := to.info.Name
 	if a.state.Load() == stateClosed {
-		f.complete(Message{}, fmt.Errorf("%w: cannot call worker %q", ErrShutdown, name))
-		return f
+		return f.refuse(fmt.Errorf("%w: cannot call worker %q", ErrShutdown, name))
 	}
 	if err := ctx.Err(); err != nil {
-		f.complete(Message{}, a.contextError(ctx, name))
-		return f
+		return f.refuse(a.contextError(ctx, name))
 	}
 	if len(method) > maxMethodName {
-		f.complete(Message{}, fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", name, len(method), maxMethodName))
-		return f
+		return f.refuse(fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", name, len(method), maxMethodName))
 	}
 	if size := int64(req.Size()); size > a.maxMessageSize {
-		f.complete(Message{}, fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, name, size, a.maxMessageSize))
-		return f
+		return f.refuse(fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, name, size, a.maxMessageSize))
 	}
 	a.outstanding.Add(1)
 	a.started.Add(1)

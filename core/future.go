@@ -32,6 +32,7 @@ type CallFuture struct {
 	conn      atomic.Pointer[peerConn]
 	completed atomic.Bool
 	interrupt atomic.Pointer[func()]
+	refused   atomic.Bool // failed before any of it was sent (refuse)
 }
 
 func newCallFuture() *CallFuture { return &CallFuture{done: make(chan struct{})} }
@@ -67,6 +68,18 @@ func (f *CallFuture) abortSend() {
 		w.abort(out)
 	}
 }
+
+// refuse fails a call before any of it was sent (Refused) and returns it.
+func (f *CallFuture) refuse(err error) *CallFuture {
+	if f.complete(Message{}, err) {
+		f.refused.Store(true)
+	}
+	return f
+}
+
+// Refused reports whether the call failed before any of it was sent: its callee never heard of
+// it (the caller may take back what it registered for it, as RRef forks: Agent.RetractFork).
+func (f *CallFuture) Refused() bool { return f.refused.Load() }
 
 // complete sets the outcome once; it reports whether this call set it.
 func (f *CallFuture) complete(resp Message, err error) bool {

@@ -44,6 +44,20 @@ func (p *peer) queueRefOp(op wire.RefOp) {
 	p.refMu.Unlock()
 }
 
+// retractRefAdd removes op, a registration, if it has not been sent yet; numbers are given to
+// operations only as they are sent, so the ones after it keep their order and count.
+func (p *peer) retractRefAdd(op wire.RefOp) bool {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	for i := len(p.refLog) - 1; i >= p.refSent; i-- {
+		if p.refLog[i] == op {
+			p.refLog = slices.Delete(p.refLog, i, i+1)
+			return true
+		}
+	}
+	return false
+}
+
 // hasRefOps reports whether operations wait to be sent.
 func (p *peer) hasRefOps() bool {
 	p.refMu.Lock()

@@ -144,6 +144,27 @@ func (a *Agent) AddFork(ctx context.Context, owner int, rref wire.RRefID, fork w
 	return ctx.Err()
 }
 
+// RetractFork takes back the registration AddFork queued of fork, held by holder, for a message
+// that was never sent (refused before it left): that holder will never hear of the fork, so
+// never release it. It reports whether it did, which it can while the registration still waits
+// to be sent (it rides on the next frame to the owner or goes within refFlushDelay), or when
+// this worker is the owner.
+func (a *Agent) RetractFork(owner int, rref wire.RRefID, fork wire.ForkID, holder int) bool {
+	h, err := a.member(holder)
+	if err != nil {
+		return false
+	}
+	if owner == a.self.ID {
+		a.applyRefOps([]wire.RefOp{{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: holder, HolderEpoch: h.epoch}})
+		return true
+	}
+	m, err := a.member(owner)
+	if err != nil {
+		return false
+	}
+	return m.peer.retractRefAdd(wire.RefOp{Kind: wire.RefAdd, RRef: rref, Fork: fork, Holder: holder, HolderEpoch: h.epoch})
+}
+
 // ReleaseFork tells the RRef's owner that this worker dropped fork. It does not block: the
 // release travels like AddFork's registrations, after any made before.
 func (a *Agent) ReleaseFork(owner int, rref wire.RRefID, fork wire.ForkID) error {

@@ -204,6 +204,9 @@ func (c *Call) Discard() {
 	}
 }
 
+// Refused reports whether the call failed before any of it was sent (core.CallFuture.Refused).
+func (c *Call) Refused() bool { return c.future.Refused() }
+
 // Abandon is Discard for a call whose request Go sends from Python's memory in place (borrow)
 // and whose future Python dropped unsettled: the frame writer, or over shared memory the peer,
 // may still be reading that memory, so Python keeps it until the event notifyID (NextEvent)

@@ -55,6 +55,17 @@ func (a *Agent) AddFork(owner, rrefCreator int, rrefLocal int64, forkCreator int
 		wire.RRefID{Creator: rrefCreator, Local: rrefLocal}, wire.ForkID{Creator: forkCreator, Local: forkLocal}, holder)
 }
 
+// RetractFork takes back a fork's registration for a message that was never sent, if it has not
+// gone to the owner yet (core.Agent.RetractFork); it reports whether it did.
+func (a *Agent) RetractFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64, holder int) (retracted bool) {
+	defer func() {
+		if recover() != nil {
+			retracted = false
+		}
+	}()
+	return a.agent.RetractFork(owner, wire.RRefID{Creator: rrefCreator, Local: rrefLocal}, wire.ForkID{Creator: forkCreator, Local: forkLocal}, holder)
+}
+
 // ReleaseFork tells the owner this worker dropped a fork; it does not block.
 func (a *Agent) ReleaseFork(owner, rrefCreator int, rrefLocal int64, forkCreator int, forkLocal int64) (err error) {
 	defer recovered(&err)

@@ -123,6 +123,15 @@ def test_graceful_shutdown_with_rrefs_held():
     })
 
 
+def test_a_refused_send_leaves_no_fork_behind():
+    out = run_world("rrefs:refused_send_with_an_rref", 3, timeout=60)[0].value
+    expect_behaviours(out, {
+        "the call is refused for its size": lambda o: raised(RuntimeError, "message too large")(o["refused"]),
+        "the owner holds the value while the caller does": lambda o: o["owned_while_held"] == (1, 1),
+        "and drops it once the caller drops its RRef": lambda o: o["emptied"],
+    })
+
+
 def test_custom_backend():
     for r in run_world("rrefs:custom_backend", 2):
         v = r.value

@@ -270,3 +270,37 @@ func TestReferenceOperationsWaitOutAPartition(t *testing.T) {
 		return owner.OwnedRRefs() == 0
 	})
 }
+
+// TestARetractedForkNeverReachesTheOwner: a registration taken back before it was sent (its
+// message was refused before it left) never reaches the owner; once sent, it can no longer be.
+func TestARetractedForkNeverReachesTheOwner(t *testing.T) {
+	c := coretest.New(t, 2, coretest.Options{Handlers: echo})
+	holder, owner := c.Agents[0], c.Agents[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rref, fork := holder.NewRRefID(), holder.NewRRefID()
+	if err := holder.AddFork(ctx, 1, rref, fork, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !holder.RetractFork(1, rref, fork, 0) {
+		t.Fatal("a registration not sent yet could not be taken back")
+	}
+	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil { // would carry it
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := owner.OwnedRRefs(); n != 0 {
+		t.Fatalf("the owner holds %d RRefs after the registration was taken back, want 0", n)
+	}
+	// Sent, then taken back: too late, and said so.
+	if err := holder.AddFork(ctx, 1, rref, fork, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, "the owner registers the fork", func() bool { return owner.OwnedRRefs() == 1 })
+	if holder.RetractFork(1, rref, fork, 0) {
+		t.Fatal("a registration already sent was taken back")
+	}
+}

@@ -685,7 +685,13 @@ class TensorPipeAgent(RpcAgent):
         for owner, rref_id, fork_id in context.forks:
             self.add_fork(owner, rref_id, fork_id, holder=dest.id)
         future_class = _InternalCallFuture if internal else _CallFuture
-        return self._call(dest, _go.PyMethod, segments, future_class(self, dest.name, self._timeout(timeout), prefixed))
+        fut = self._call(dest, _go.PyMethod, segments, future_class(self, dest.name, self._timeout(timeout), prefixed))
+        go_call = fut._go_call  # read once: the event thread may settle the call meanwhile
+        if context.forks and go_call is not None and go_call.Refused():
+            # Refused before it left (over the size limit, say): dest will never hold these forks.
+            for owner, rref_id, fork_id in context.forks:
+                self._go_agent.RetractFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], dest.id)
+        return fut
 
     def call_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float, internal: bool = False) -> Future[Any]:
         """The future of a call of the function ``dest`` serves as ``fn.name``, in msgpack

@@ -351,3 +351,23 @@ def file_init(rank, world_size, path):
     got = rpc.rpc_sync(f"worker{(rank + 1) % world_size}", add, args=(rank, 10))
     rpc.shutdown()
     return got
+
+
+def refused_send_with_an_rref(rank, world_size):
+    """An RRef passed in a call refused before it leaves (over the size limit) registers no fork
+    for good: the would-be holder never hears of it, so the owner drops the value once the
+    caller drops its RRef (it kept it until the holder left)."""
+    import numpy as np
+
+    init(rank, world_size, max_message_size=1 << 20)
+    out = {}
+    if rank == 0:
+        rref = rpc.remote("worker1", Counter, args=(7,))
+        rref.to_here()
+        out["refused"] = error_of(lambda: rpc.rpc_sync("worker2", add, args=(rref, np.zeros(2 << 20, dtype=np.uint8))))
+        out["owned_while_held"] = rpc.rpc_sync("worker1", rpc_api._owned_rref_count)
+        del rref
+        gc.collect()
+        out["emptied"] = wait_until(lambda: rpc.rpc_sync("worker1", rpc_api._owned_rref_count) == (0, 0), timeout=10)
+    rpc.shutdown()
+    return out

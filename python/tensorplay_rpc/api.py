@@ -20,7 +20,7 @@ from .crosslang import RemoteFunction
 from .backend_registry import BackendType
 from .futures import Future, use_torch_futures
 from .options import RpcBackendOptions
-from .rref import RRef, delete_user_rrefs, remote_function_rref, remote_rref
+from .rref import RRef, remote_function_rref, remote_rref
 from .worker_info import WorkerInfo
 
 __all__ = [
@@ -213,8 +213,6 @@ def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_
         # Checked before anything changes: the agent stays up and installed.
         raise TypeError(f"shutdown(): timeout must be a number of seconds, got {type(timeout).__name__}")
     agent = require_agent()
-    if graceful:
-        delete_user_rrefs(agent)
     try:
         agent.shutdown(bool(graceful), timeout)
     finally:

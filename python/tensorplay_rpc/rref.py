@@ -33,7 +33,7 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "_function", "_deleted", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "_function", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
@@ -51,8 +51,6 @@ class PyRRef:
         # The name of the function that made the value, if remote() called it by name
         # (remote_function): the owner's Go agent keeps the value, in msgpack.
         self._function = function
-        # Set once a graceful shutdown released this user's fork (delete_user_rrefs).
-        self._deleted = False
         owner = agent.worker_by_id(owner_id)
         if owner is None:
             raise RuntimeError(f"the RRef's owner, worker id {owner_id}, is not in the world (it left)")
@@ -64,13 +62,11 @@ class PyRRef:
         self._fork_id = fork_id
         self._slot = slot
         self._creation = creation
-        if owner_id != agent.info.id:
-            _user_rrefs.add(self)
 
     def __del__(self) -> None:
         agent = getattr(self, "_agent", None)
         # Not to an owner that left: a worker that joined under its id since holds no fork.
-        if agent is not None and agent.running and not self._deleted and agent.member_epoch(self._owner_id) == self._owner_epoch:
+        if agent is not None and agent.running and agent.member_epoch(self._owner_id) == self._owner_epoch:
             agent.release_fork(self._owner_id, self._rref_id, self._fork_id)
 
     def _deleted_error(self, what: str) -> RuntimeError:
@@ -119,7 +115,7 @@ class PyRRef:
         Raises the error its creation raised."""
         if self.is_owner() and self._function is None:
             return self.local_value()
-        if self._deleted or not self._agent.running:
+        if not self._agent.running:
             # Its fork went with this worker's shutdown: a value cached with its creation is
             # not answered from either (torch's words).
             raise self._deleted_error("to_here()")
@@ -323,21 +319,6 @@ def _remember_inlined(func: Optional[Callable[..., Any]], inlined: bool) -> None
             _inlined_by[func] = inlined
     except TypeError:
         pass
-
-
-# The user RRefs (forks of values other workers own) alive in this process: a graceful shutdown
-# releases them to their owners first, as torch deletes every user RRef in its graceful shutdown,
-# so no owner finds forks held only by a worker that is gone.
-_user_rrefs: "weakref.WeakSet[PyRRef]" = weakref.WeakSet()
-
-
-def delete_user_rrefs(agent: TensorPipeAgent) -> None:
-    """Release every live user RRef of ``agent`` to its owner; they raise if used afterwards."""
-    for rref in list(_user_rrefs):
-        if rref._agent is agent and not rref._deleted:
-            rref._deleted = True
-            if agent.member_epoch(rref._owner_id) == rref._owner_epoch:
-                agent.release_fork(rref._owner_id, rref._rref_id, rref._fork_id)
 
 
 def _backward_owner_rref(rref: PyRRef, context_id: int, retain_graph: bool) -> None:

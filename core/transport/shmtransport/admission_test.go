@@ -248,13 +248,24 @@ func TestASilentDialerIsDroppedAfterThePreAuthDeadline(t *testing.T) {
 }
 
 func TestHandshakesInFlightAreBounded(t *testing.T) {
-	lt, addr, _ := listening(t)
+	lt, err := New("", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lt.Close()
+	lt.preAuth = time.Minute // the silent dialers below stay in flight for the whole test
+	addr, err := lt.Listen("", func(s transport.Stream) { s.Close() })
+	if err != nil {
+		t.Fatal(err)
+	}
 	var conns []net.Conn
-	defer func() {
+	closeAll := func() {
 		for _, c := range conns {
 			c.Close()
 		}
-	}()
+		conns = nil
+	}
+	defer closeAll()
 	for range maxHandshakes + 20 {
 		c, err := net.Dial("unix", "@"+socketName(t, addr))
 		if err != nil {
@@ -262,7 +273,7 @@ func TestHandshakesInFlightAreBounded(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for lt.admission.inFlight.Load() != maxHandshakes && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -273,8 +284,12 @@ func TestHandshakesInFlightAreBounded(t *testing.T) {
 	if err := dialWithin(t, addr, 5*time.Second); err == nil {
 		t.Fatal("a dial past the bound of set-ups in flight was taken")
 	}
-	// ... and past the pre-auth deadline the silent ones are gone, and a real dialer gets in.
-	time.Sleep(preAuthTimeout + 200*time.Millisecond)
+	// ... and once the silent ones hang up (and the listener saw it), a real dialer gets in.
+	closeAll()
+	deadline = time.Now().Add(10 * time.Second)
+	for lt.admission.inFlight.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := dialWithin(t, addr, 5*time.Second); err != nil {
 		t.Fatalf("a dial after a flood of silent dialers: %v", err)
 	}

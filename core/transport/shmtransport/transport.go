@@ -54,6 +54,8 @@ type Transport struct {
 	closed   bool
 
 	admission admission
+	// preAuth is how long a dialer has to show its hello (preAuthTimeout; tests set it).
+	preAuth time.Duration
 }
 
 // New returns a transport that is not yet listening. A non-empty token is shown on every
@@ -74,7 +76,7 @@ func New(token string, ringBytes int) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Transport{sec: sec, hostKey: key, ringBytes: ringBytes, streams: map[*stream]struct{}{}}, nil
+	return &Transport{sec: sec, hostKey: key, ringBytes: ringBytes, streams: map[*stream]struct{}{}, preAuth: preAuthTimeout}, nil
 }
 
 // Listen accepts streams on a fresh abstract Unix socket; host is ignored (the socket is
@@ -104,7 +106,7 @@ func (t *Transport) Listen(_ string, serve func(transport.Stream)) (string, erro
 func (t *Transport) setUp(conn *net.UnixConn, serve func(transport.Stream)) {
 	// A dialer has preAuthTimeout to show its hello, and the whole set-up handshakeTimeout.
 	start := time.Now()
-	conn.SetDeadline(start.Add(preAuthTimeout))
+	conn.SetDeadline(start.Add(t.preAuth))
 	authed := func() { conn.SetDeadline(start.Add(handshakeTimeout)) }
 	mem, ringBytes, lender, err := acceptHandshake(conn, t.sec.CheckToken, !t.noLending, authed)
 	t.admission.inFlight.Add(-1)

@@ -42,19 +42,37 @@ func (a *Agent) CallRank(ctx context.Context, to int, method string, req Message
 	return a.call(ctx, m, method, req, f)
 }
 
+// WouldRefuse is the error a call of method on worker to, carrying size bytes, would be refused
+// with before any of it is sent, or nil: a caller can learn it before it registers what the
+// call carries (RRef forks).
+func (a *Agent) WouldRefuse(to int, method string, size int64) error {
+	m, err := a.member(to)
+	if err != nil {
+		return err
+	}
+	return a.refusal(m.info.Name, method, size)
+}
+
+// refusal is why a call would be refused before any of it is sent, or nil.
+func (a *Agent) refusal(name, method string, size int64) error {
+	switch {
+	case a.state.Load() == stateClosed:
+		return fmt.Errorf("%w: cannot call worker %q", ErrShutdown, name)
+	case len(method) > maxMethodName:
+		return fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", name, len(method), maxMethodName)
+	case size > a.maxMessageSize:
+		return fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, name, size, a.maxMessageSize)
+	}
+	return nil
+}
+
 func (a *Agent) call(ctx context.Context, to *member, method string, req Message, f *CallFuture) *CallFuture {
 	name := to.info.Name
-	if a.state.Load() == stateClosed {
-		return f.refuse(fmt.Errorf("%w: cannot call worker %q", ErrShutdown, name))
-	}
 	if err := ctx.Err(); err != nil {
 		return f.refuse(a.contextError(ctx, name))
 	}
-	if len(method) > maxMethodName {
-		return f.refuse(fmt.Errorf("the method name for worker %q is %d bytes long, more than %d", name, len(method), maxMethodName))
-	}
-	if size := int64(req.Size()); size > a.maxMessageSize {
-		return f.refuse(fmt.Errorf("%w: the call to worker %q carries %d bytes, over the %d-byte limit; nothing was sent", ErrTooLarge, name, size, a.maxMessageSize))
+	if err := a.refusal(name, method, int64(req.Size())); err != nil {
+		return f.refuse(err)
 	}
 	a.outstanding.Add(1)
 	a.started.Add(1)

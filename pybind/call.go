@@ -204,6 +204,17 @@ func (c *Call) Discard() {
 	}
 }
 
+// WouldRefuse says whether a call to worker to of method, carrying size bytes, would be refused
+// before any of it is sent (core.Agent.WouldRefuse).
+func (a *Agent) WouldRefuse(to int, method string, size int) (refused bool) {
+	defer func() {
+		if recover() != nil {
+			refused = false
+		}
+	}()
+	return a.agent.WouldRefuse(to, method, int64(size)) != nil
+}
+
 // Refused reports whether the call failed before any of it was sent (core.CallFuture.Refused).
 func (c *Call) Refused() bool { return c.future.Refused() }
 

@@ -274,10 +274,18 @@ func TestReferenceOperationsWaitOutAPartition(t *testing.T) {
 // TestARetractedForkNeverReachesTheOwner: a registration taken back before it was sent (its
 // message was refused before it left) never reaches the owner; once sent, it can no longer be.
 func TestARetractedForkNeverReachesTheOwner(t *testing.T) {
-	c := coretest.New(t, 2, coretest.Options{Handlers: echo})
+	network := transport.NewInmemNetwork()
+	c := coretest.New(t, 2, coretest.Options{Handlers: echo, Network: network})
 	holder, owner := c.Agents[0], c.Agents[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	call := func() error {
+		_, err := holder.Call(ctx, "w1", "echo", core.Message{})
+		return err
+	}
+	// Cut off, so the registration surely waits to be sent when it is taken back.
+	network.Partition(holder.Self().Addr, owner.Self().Addr)
+	waitUntil(ctx, t, "the holder sees the partition", func() bool { return call() != nil })
 	rref, fork := holder.NewRRefID(), holder.NewRRefID()
 	if err := holder.AddFork(ctx, 1, rref, fork, 0); err != nil {
 		t.Fatal(err)
@@ -285,9 +293,8 @@ func TestARetractedForkNeverReachesTheOwner(t *testing.T) {
 	if !holder.RetractFork(1, rref, fork, 0) {
 		t.Fatal("a registration not sent yet could not be taken back")
 	}
-	if _, err := holder.Call(ctx, "w1", "echo", core.Message{}); err != nil { // would carry it
-		t.Fatal(err)
-	}
+	network.Heal(holder.Self().Addr, owner.Self().Addr)
+	waitUntil(ctx, t, "calls go through again", func() bool { return call() == nil }) // would carry it
 	time.Sleep(50 * time.Millisecond)
 	if n := owner.OwnedRRefs(); n != 0 {
 		t.Fatalf("the owner holds %d RRefs after the registration was taken back, want 0", n)

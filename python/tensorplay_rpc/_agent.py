@@ -167,6 +167,11 @@ def install_agent(agent: Optional["TensorPipeAgent"], expected: Optional["Tensor
         _current = agent
 
 
+def _message_size(segments: List[Any]) -> int:
+    """The bytes a message of ``segments`` carries, as Go counts them."""
+    return sum(len(seg) if type(seg) is bytes else memoryview(seg).nbytes for seg in segments)
+
+
 # Set on the threads that serve requests (their agent): see _CallFuture.wait_for.
 _serving_thread = threading.local()
 
@@ -681,14 +686,18 @@ class TensorPipeAgent(RpcAgent):
             message = _dist_autograd.wrap(message, autograd_context, dest.id, reply=False)
             segments, context = serialize(message, record_grads=True)
             _dist_autograd.record_sends(message, context.grad_tensors)
-        # Forks go to their owners before the message that carries them (core/rref.go).
-        for owner, rref_id, fork_id in context.forks:
-            self.add_fork(owner, rref_id, fork_id, holder=dest.id)
+        # Forks go to their owners before the message that carries them (core/rref.go), unless
+        # it will be refused before it leaves (over the size limit, say): dest would never hold
+        # them. (_call fails the call the same way.)
+        if context.forks and not self._go_agent.WouldRefuse(dest.id, _go.PyMethod, _message_size(segments)):
+            for owner, rref_id, fork_id in context.forks:
+                self.add_fork(owner, rref_id, fork_id, holder=dest.id)
         future_class = _InternalCallFuture if internal else _CallFuture
         fut = self._call(dest, _go.PyMethod, segments, future_class(self, dest.name, self._timeout(timeout), prefixed))
         go_call = fut._go_call  # read once: the event thread may settle the call meanwhile
         if context.forks and go_call is not None and go_call.Refused():
-            # Refused before it left (over the size limit, say): dest will never hold these forks.
+            # Refused before it left for a reason that came meanwhile (a shutdown): take back
+            # the registrations not sent yet.
             for owner, rref_id, fork_id in context.forks:
                 self._go_agent.RetractFork(owner, rref_id[0], rref_id[1], fork_id[0], fork_id[1], dest.id)
         return fut

@@ -225,20 +225,28 @@ func TestForksOfAWorkerWhoseListenerLingersAreDropped(t *testing.T) {
 	}
 }
 
+// holderAndOwner starts w0 (the holder) and w1 (the owner) on an in-memory network the test
+// can partition; call makes a call from the holder to the owner.
+func holderAndOwner(t *testing.T) (network *transport.InmemNetwork, holder, owner *core.Agent, ctx context.Context, call func() error) {
+	t.Helper()
+	network = transport.NewInmemNetwork()
+	c := coretest.New(t, 2, coretest.Options{Handlers: echo, Network: network})
+	holder, owner = c.Agents[0], c.Agents[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	call = func() error {
+		_, err := holder.Call(ctx, "w1", "echo", core.Message{})
+		return err
+	}
+	return network, holder, owner, ctx, call
+}
+
 // TestReferenceOperationsWaitOutAPartition: operations queued while the owner cannot be
 // reached are kept and go once it can (they were dropped, and the holder's numbering then ran
 // ahead of the owner's for good: every later operation was refused "out of sequence", values
 // leaked). Partition, release, heal, add, release: the owner ends holding nothing.
 func TestReferenceOperationsWaitOutAPartition(t *testing.T) {
-	network := transport.NewInmemNetwork()
-	c := coretest.New(t, 2, coretest.Options{Handlers: echo, Network: network})
-	holder, owner := c.Agents[0], c.Agents[1]
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	call := func() error {
-		_, err := holder.Call(ctx, "w1", "echo", core.Message{})
-		return err
-	}
+	network, holder, owner, ctx, call := holderAndOwner(t)
 	first, fork := holder.NewRRefID(), holder.NewRRefID()
 	if err := holder.AddFork(ctx, 1, first, fork, 0); err != nil {
 		t.Fatal(err)
@@ -274,15 +282,7 @@ func TestReferenceOperationsWaitOutAPartition(t *testing.T) {
 // TestARetractedForkNeverReachesTheOwner: a registration taken back before it was sent (its
 // message was refused before it left) never reaches the owner; once sent, it can no longer be.
 func TestARetractedForkNeverReachesTheOwner(t *testing.T) {
-	network := transport.NewInmemNetwork()
-	c := coretest.New(t, 2, coretest.Options{Handlers: echo, Network: network})
-	holder, owner := c.Agents[0], c.Agents[1]
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	call := func() error {
-		_, err := holder.Call(ctx, "w1", "echo", core.Message{})
-		return err
-	}
+	network, holder, owner, ctx, call := holderAndOwner(t)
 	// Cut off, so the registration surely waits to be sent when it is taken back.
 	network.Partition(holder.Self().Addr, owner.Self().Addr)
 	waitUntil(ctx, t, "the holder sees the partition", func() bool { return call() != nil })

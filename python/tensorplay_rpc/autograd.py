@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Sequence, Type
 
-from . import _dist_autograd
+from . import _dist_autograd, _dist_backward
 from ._dist_autograd import DistAutogradContext
 
 __all__ = ["DistAutogradContext", "backward", "context", "get_gradients", "is_available"]
@@ -56,7 +56,7 @@ def backward(context_id: int, roots: Sequence[Any], retain_graph: bool = False) 
     :func:`get_gradients`). The graph is always kept until the context ends (``retain_graph``
     is accepted for torch's signature): a later pass of the same backward may reach it again.
     """
-    _dist_autograd.backward(context_id, roots, retain_graph)
+    _dist_backward.backward(context_id, roots, retain_graph)
 
 
 def get_gradients(context_id: int) -> Dict[Any, Any]:
@@ -99,7 +99,7 @@ def _get_debug_info() -> Dict[str, str]:
     """This worker's distributed autograd counters, by name, as strings (torch's keys)."""
     return {
         "num_autograd_contexts": str(_dist_autograd.context_count()),
-        "num_current_backward_passes": str(_dist_autograd.backward_passes()),
+        "num_current_backward_passes": str(_dist_backward.backward_passes()),
     }
 
 

@@ -330,11 +330,11 @@ def _backward_owner_rref(rref: PyRRef, context_id: int, retain_graph: bool) -> N
     if context_id == -1:
         torch.autograd.backward([value], retain_graph=retain_graph)
         return
-    from . import _dist_autograd
+    from . import _dist_autograd, _dist_backward
 
     # Not recorded in the context (the caller's thread may be in it: a self-call).
     with _dist_autograd.suspended():
-        _dist_autograd.backward(context_id, [value], retain_graph)
+        _dist_backward.backward(context_id, [value], retain_graph)
 
 
 def _type_on_owner(rref: "RRef[Any]") -> type:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import _dist_autograd
 from ._agent import function_call, require_agent
 from .api import rpc_async
-from .futures import Future
+from .futures import wait_all
 from .rref import RRef
 
 __all__ = ["DistributedOptimizer"]
@@ -58,19 +58,6 @@ def _local_optimizer_step(optimizer: RRef[_LocalOptimizer], context_id: int) -> 
     optimizer.local_value().step(context_id)
 
 
-def _wait_for_all(futures: List[Future[Any]]) -> List[Any]:
-    """Every future's value; raises the first error once all are done."""
-    values, first_error = [], None
-    for fut in futures:
-        try:
-            values.append(fut.wait())
-        except BaseException as exc:
-            first_error = first_error or exc
-    if first_error is not None:
-        raise first_error
-    return values
-
-
 class DistributedOptimizer:
     """An optimizer over parameters spread across workers.
 
@@ -92,7 +79,7 @@ class DistributedOptimizer:
             rpc_async(owner, _new_local_optimizer, args=(optimizer_class, rrefs, *args), kwargs=kwargs)
             for owner, rrefs in per_owner.items()
         ]
-        self.remote_optimizers: List[RRef[_LocalOptimizer]] = _wait_for_all(futures)
+        self.remote_optimizers: List[RRef[_LocalOptimizer]] = wait_all(futures)
 
     def step(self, context_id: int) -> None:
         """One step of every owner's optimizer, with the gradients of distributed autograd
@@ -109,7 +96,7 @@ class DistributedOptimizer:
                     _local_optimizer_step(opt, context_id)
                 except BaseException as exc:
                     local_error = local_error or exc
-        _wait_for_all(futures)
+        wait_all(futures)
         if local_error is not None:
             raise local_error
 

@@ -83,7 +83,11 @@ func newTransport(cfg Config, getenv func(string) string) (transport.Transport, 
 		var err error
 		switch n {
 		case TransportSHM:
-			t, err = shmtransport.New(cfg.Token, 0)
+			var m *shmtransport.Transport
+			if m, err = shmtransport.New(cfg.Token, 0); err == nil {
+				m.SetPeerTimeout(cfg.PeerTimeout)
+				t = m
+			}
 		case TransportGRPC:
 			var g *grpctransport.Transport
 			if g, err = grpctransport.New(cfg.Token, cfg.TLS); err == nil {

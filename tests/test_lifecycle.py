@@ -256,6 +256,37 @@ def test_a_big_call_to_a_frozen_peer_fails_in_bounded_time(world, tmp_path, each
     })
 
 
+def test_a_peer_frozen_past_the_peer_timeout_fails_the_calls_waiting_on_it(world, tmp_path, each_transport, monkeypatch):
+    peer_timeout = 12
+    monkeypatch.setenv("TENSORPLAY_RPC_PEER_TIMEOUT", str(peer_timeout))
+    ready, frozen, failed, thawed = (tmp_path / n for n in ("ready", "frozen", "failed", "thawed"))
+    w = world("faults:frozen_past_peer_timeout", 3, args=[str(ready), str(frozen), str(failed), str(thawed), str(32 << 20)])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline and w.procs[0].poll() is None:
+        time.sleep(0.05)
+    assert ready.exists(), "worker0 never got going"
+    os.kill(w.procs[1].pid, signal.SIGSTOP)
+    try:
+        frozen.write_text("frozen")
+        deadline = time.monotonic() + peer_timeout + 30
+        while not failed.exists() and time.monotonic() < deadline and w.procs[0].poll() is None:
+            time.sleep(0.1)
+    finally:
+        os.kill(w.procs[1].pid, signal.SIGCONT)
+    thawed.write_text("thawed")
+    results = w.finish(timeout=90)
+    for r in results:
+        assert r.returncode == 0, r.output
+    expect_behaviours(results[0].value, {
+        "the other worker answered meanwhile": lambda o: o["survivor"] == 4,
+        "both calls without a timeout failed, naming the frozen worker":
+            lambda o: all(e is not None and '"worker1"' in e for e in (o["small_error"], o["big_error"])),
+        "they failed once the peer timeout had passed, not before and not long after":
+            lambda o: peer_timeout - 1 < o["failed_after"] < peer_timeout + 6,
+        "the frozen worker answers again once it runs, big calls included": lambda o: o["after"] == 32 and o["small_after"] == 7,
+    })
+
+
 def test_graceful_shutdown_after_the_store_host_died(world, tmp_path):
     w = world("faults:store_host_dies", 3, args=[str(tmp_path)])
     deadline = time.monotonic() + 30

@@ -238,6 +238,41 @@ def big_call_to_frozen(rank, world_size, ready_file, frozen_file, failed_file, n
     return out
 
 
+def frozen_past_peer_timeout(rank, world_size, ready_file, frozen_file, failed_file, thawed_file, nbytes):
+    """worker1 is frozen by the test (SIGSTOP) for longer than the peer timeout, and thawed once
+    worker0's calls to it have failed: calls without a timeout (a small one, and a big array
+    whose memory the frozen worker may still have to read) fail once the peer timeout has
+    passed, naming it, on every transport; worker0 gets its array's memory back, and worker1
+    answers again once it runs."""
+    init(rank, world_size)
+    out = {}
+    if rank == 0:
+        arr = np.ones(int(nbytes), dtype=np.uint8)
+        out["before"] = rpc.rpc_sync("worker1", _sum_first, args=(arr,))
+        with open(ready_file, "w") as f:
+            f.write("ready")
+        wait_for_file(frozen_file, 30)
+        start = time.monotonic()
+        small = rpc.rpc_async("worker1", add, args=(2, 3), timeout=0)
+        big = rpc.rpc_async("worker1", _sum_first, args=(arr,), timeout=0)
+        out["survivor"] = rpc.rpc_sync("worker2", add, args=(2, 2))
+        _, out["small_error"] = error_of(small.wait)
+        _, out["big_error"] = error_of(big.wait)
+        out["failed_after"] = time.monotonic() - start
+        arr[:] = 2  # the memory is ours again
+        with open(failed_file, "w") as f:
+            f.write("failed")
+        wait_for_file(thawed_file, 30)
+        out["after"] = rpc.rpc_sync("worker1", _sum_first, args=(arr,), timeout=30)
+        out["small_after"] = rpc.rpc_sync("worker1", add, args=(3, 4), timeout=30)
+        rpc.rpc_sync("worker2", set_done)
+        rpc.rpc_sync("worker1", set_done)
+    else:
+        wait_done(180)
+    rpc.shutdown()
+    return out
+
+
 def shutdown_timeout(rank, world_size):
     """worker1 does not shut down for a while: worker0's graceful shutdown gives up at its
     timeout, saying why."""

@@ -45,11 +45,14 @@ func (sec World) WithPeerTimeout(d time.Duration) World {
 	return sec
 }
 
+// PeerTimeout is how long a connection whose peer stopped answering lives.
+func (sec World) PeerTimeout() time.Duration { return cmp.Or(sec.peerTimeout, defaultPeerTimeout) }
+
 // keepalive splits the peer timeout into how long a connection may be silent before a ping
 // and how long the ping's answer may take. gRPC-Go's client pings at most every
 // minClientPingEvery whatever it is told.
 func (sec World) keepalive() (every, answerWithin time.Duration) {
-	d := cmp.Or(sec.peerTimeout, defaultPeerTimeout)
+	d := sec.PeerTimeout()
 	every = max(minClientPingEvery, d/3)
 	return every, max(time.Second, d-every)
 }

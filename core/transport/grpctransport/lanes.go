@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,11 @@ type laned struct {
 	giveTurn  bool          // Recv gives the bulk reader its turn: the frame it returned last is handled
 	stop      chan struct{}
 	stopOnce  sync.Once
+	// readErr is why a lane's reader stopped, once readFailed is closed: gRPC's SendMsg says
+	// only io.EOF when the stream ended, and the reason comes to RecvMsg.
+	readErr    error
+	readFailed chan struct{}
+	failOnce   sync.Once
 	// helloFirst: the bulk reader has no turn until the first frame is handled.
 	helloFirst bool
 }
@@ -71,7 +77,7 @@ var _ transport.SinkSetter = (*laned)(nil)
 // read only once the first frame, which must be the hello, has come on the small lane: a big
 // message sent right after it must not overtake it.
 func newLaned(small, bulk msgStream, helloFirst bool) *laned {
-	s := &laned{small: small, bulk: bulk, frames: make(chan received), bulkTurn: make(chan struct{}, 1), stop: make(chan struct{})}
+	s := &laned{small: small, bulk: bulk, frames: make(chan received), bulkTurn: make(chan struct{}, 1), stop: make(chan struct{}), readFailed: make(chan struct{})}
 	if !helloFirst {
 		s.bulkTurn <- struct{}{}
 	}
@@ -85,14 +91,35 @@ func (s *laned) BulkLane() {}
 func (s *laned) SetChunkSink(sink wire.ChunkSink) { s.sink.Store(&sink) }
 
 func (s *laned) Send(f *wire.Frame) error {
+	var err error
 	if transport.Bulk(f) {
 		s.bulkMu.Lock()
-		defer s.bulkMu.Unlock()
-		return s.bulk.SendMsg(f)
+		err = s.bulk.SendMsg(f)
+		s.bulkMu.Unlock()
+	} else {
+		s.smallMu.Lock()
+		err = s.small.SendMsg(f)
+		s.smallMu.Unlock()
 	}
-	s.smallMu.Lock()
-	defer s.smallMu.Unlock()
-	return s.small.SendMsg(f)
+	if errors.Is(err, io.EOF) {
+		// The stream ended: its reader learns why (a keepalive that went unanswered, say).
+		select {
+		case <-s.readFailed:
+			return s.readErr
+		case <-time.After(readErrWait):
+		}
+	}
+	return err
+}
+
+// readErrWait bounds how long a Send that found the stream ended waits for the reason.
+const readErrWait = time.Second
+
+func (s *laned) readFailedWith(err error) {
+	s.failOnce.Do(func() {
+		s.readErr = err
+		close(s.readFailed)
+	})
 }
 
 func (s *laned) Recv() (*wire.Frame, error) {
@@ -136,6 +163,7 @@ func (s *laned) read(lane msgStream, bulk bool) {
 		}
 		if err != nil {
 			f = nil
+			s.readFailedWith(err)
 		}
 		select {
 		case s.frames <- received{f: f, err: err, bulk: bulk}:

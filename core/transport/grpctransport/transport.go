@@ -64,10 +64,11 @@ func (t *Transport) SetPeerTimeout(d time.Duration) {
 
 // Listen serves agent streams on host at a port the OS picks.
 func (t *Transport) Listen(host string, serve func(transport.Stream)) (string, error) {
-	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	tcp, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return "", fmt.Errorf("listen on %s: %w", host, err)
 	}
+	lis := userTimeoutListener{Listener: tcp, timeout: t.sec.PeerTimeout()}
 	t.sec.WarnIfOpen("worker", host, "make this worker unpickle, and so run, anything")
 	srv := grpc.NewServer(t.sec.ServerOptions()...)
 	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
@@ -99,10 +100,7 @@ func (t *Transport) Listen(host string, serve func(transport.Stream)) (string, e
 
 // Dial opens a stream to addr, failing fast if nothing listens there.
 func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
-	opts := t.sec.DialOptions()
-	if t.localIP != nil {
-		opts = append(opts, grpc.WithContextDialer(t.dialFromLocalIP))
-	}
+	opts := append(t.sec.DialOptions(), grpc.WithContextDialer(t.dialWithUserTimeout))
 	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)

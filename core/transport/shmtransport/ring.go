@@ -51,6 +51,10 @@ type ringCtrl struct {
 	// more; placing.go).
 	readsLandings atomic.Uint32
 	landings      [maxLandings]atomic.Uint32
+	_             [64]byte
+	// heartbeat, in the small lane's block of a direction, is bumped by that direction's
+	// producer process every beat while it runs (liveness.go).
+	heartbeat atomic.Uint64
 }
 
 // ring is one direction of a stream: its control block and data area in a mapped region.

@@ -62,6 +62,9 @@ type stream struct {
 	// does not stop a thread: the lanes are not ordered with each other.
 	heldSmall bool
 
+	// silence is the peer's heartbeat as the liveness watcher last saw it (liveness.go).
+	silence peerSilence
+
 	gone atomic.Pointer[error] // why the stream ended, once it has
 	done chan struct{}         // closed by Close
 

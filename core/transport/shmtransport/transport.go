@@ -24,6 +24,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,6 +57,13 @@ type Transport struct {
 	admission admission
 	// preAuth is how long a dialer has to show its hello (preAuthTimeout; tests set it).
 	preAuth time.Duration
+
+	// peerTimeout ends a stream whose peer's heartbeat stood still that long (liveness.go);
+	// watching says the watcher runs (under mu). frozen stops this side's beats: tests freeze
+	// a peer with it, as SIGSTOP would.
+	peerTimeout time.Duration
+	watching    bool
+	frozen      atomic.Bool
 }
 
 // New returns a transport that is not yet listening. A non-empty token is shown on every
@@ -76,7 +84,7 @@ func New(token string, ringBytes int) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Transport{sec: sec, hostKey: key, ringBytes: ringBytes, streams: map[*stream]struct{}{}, preAuth: preAuthTimeout}, nil
+	return &Transport{sec: sec, hostKey: key, ringBytes: ringBytes, streams: map[*stream]struct{}{}, preAuth: preAuthTimeout, peerTimeout: defaultPeerTimeout}, nil
 }
 
 // Listen accepts streams on a fresh abstract Unix socket; host is ignored (the socket is
@@ -215,6 +223,10 @@ func (t *Transport) track(s *stream) bool {
 		return false
 	}
 	t.streams[s] = struct{}{}
+	if !t.watching {
+		t.watching = true
+		go t.watchLiveness()
+	}
 	s.onClose = func() {
 		t.mu.Lock()
 		delete(t.streams, s)

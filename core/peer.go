@@ -240,6 +240,7 @@ func (c *peerConn) readLoop() {
 		}
 	}()
 	incoming := newReassembler(c.ctx, a.maxMessageSize, a.receiveBudget, name)
+	incoming.breakStream = c.fail
 	incoming.attach(c.stream)
 	defer incoming.close()
 	for {

@@ -42,6 +42,9 @@ type reassembler struct {
 	// take memory back only from a stream that is silent by its sender's doing.
 	active atomic.Int64
 	holds  atomic.Int32
+	// breakStream ends the stream (its owner sets it, before frames come): eviction calls it
+	// to take back a message a decoder is stuck writing (see evictor).
+	breakStream func(error)
 	// mu guards the memory of messages (buf, writing, evicted) against the budget's eviction,
 	// which runs on another stream's goroutine, and the messages map's changes against a
 	// stream's decoder (dest).
@@ -93,18 +96,23 @@ func (r *reassembler) stalled(stale int64) bool {
 	return r.holds.Load() == 0 && r.active.Load() < stale
 }
 
-// evictor returns m's eviction: its memory goes back, unless a chunk is being written into it.
+// evictor returns m's eviction: its memory goes back to the budget, and its stream is to be
+// dropped. A decoder can stay inside a chunk for ever (a shared-memory frame bigger than the
+// ring whose sender stopped mid-frame, a read of lent pages that never fault in): then the
+// stream is ended now, to free whoever waits on it, and m's memory is left to the garbage
+// collector once the decoder lets go, never to the pool, which would hand it to another message
+// while the decoder still writes.
 func (r *reassembler) evictor(m *inMessage) func() bool {
 	return func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if m.writing {
-			return false
-		}
 		m.evicted = true
-		if m.buf != nil {
+		if m.buf != nil && (!m.writing || m.landed) {
 			m.release()
-			m.buf = nil
+		}
+		m.buf = nil
+		if m.writing && r.breakStream != nil {
+			go r.breakStream(fmt.Errorf("%w: %s stalled inside a chunk of a message holding receive budget others needed", errProtocol, r.peer))
 		}
 		return true
 	}
@@ -288,7 +296,11 @@ func (r *reassembler) chunk(f *wire.Frame) (*wire.Frame, Message, error) {
 	} else {
 		r.mu.Lock()
 		m.writing = false
+		evicted := m.evicted
 		r.mu.Unlock()
+		if evicted { // while the decoder wrote the chunk
+			return nil, Message{}, fmt.Errorf("%w: message %d stalled while holding receive budget others needed", errProtocol, f.ID)
+		}
 	}
 	m.received += int64(n)
 	if m.received < m.total {

@@ -296,3 +296,48 @@ func TestALandingIsAdoptedOrGivenBack(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionTakesAMessageADecoderIsStuckIn: a decoder can stay inside a chunk for ever (over
+// shared memory, a frame bigger than the ring whose sender stopped mid-frame, or a read of lent
+// pages that never fault in). The budget its message holds still goes back to others waiting,
+// its stream is ended, and the memory the decoder writes into is not handed to anyone else.
+func TestEvictionTakesAMessageADecoderIsStuckIn(t *testing.T) {
+	b := newReceiveBudget(4<<20, slog.Default())
+	b.idleLimit = 50 * time.Millisecond
+	stuck := newReassembler(testctx.For(t), 1<<30, b, "stuck peer")
+	broke := make(chan error, 1)
+	stuck.breakStream = func(err error) { broke <- err }
+	if _, _, _, err := stuck.add(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Sizes: []int64{4 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	dst, ok := stuck.dest(1, 0, 2<<20) // the decode starts, and never ends
+	if !ok || dst == nil {
+		t.Fatal("no place for the first chunk")
+	}
+	honest := newReassembler(testctx.For(t), 1<<30, b, "honest peer")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	honest.ctx = ctx
+	if _, _, _, err := honest.add(&wire.Frame{Kind: wire.FrameRequest, ID: 7, Sizes: []int64{1 << 20}}); err != nil {
+		t.Fatalf("the honest message never got the budget a stuck decoder's message held: %v", err)
+	}
+	select {
+	case err := <-broke:
+		if !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), "stuck peer stalled inside a chunk") {
+			t.Fatalf("the stuck stream was ended with %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stuck stream was not ended")
+	}
+	if again := bufpool.Shared.Get(4 << 20); &again[0] == &dst[0] {
+		t.Fatal("the memory a decoder still writes into went back to the pool")
+	}
+	if _, _, _, err := stuck.add(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Offset: 0, Payload: []byte{1}}); !errors.Is(err, errProtocol) {
+		t.Fatalf("a chunk of the evicted message: err = %v, want the stream dropped", err)
+	}
+	stuck.close()
+	honest.close()
+	if used := b.inUse(); used != 0 {
+		t.Fatalf("%d bytes still reserved", used)
+	}
+}

@@ -68,6 +68,11 @@ func (a *Agent) serveStream(s transport.Stream) {
 	defer ss.writer.close(ErrShutdown)
 	defer a.lastServed.CompareAndSwap(ss, nil)
 	incoming := newReassembler(ctx, a.maxMessageSize, a.receiveBudget, caller.Name)
+	incoming.breakStream = func(err error) {
+		a.log.Warn("tensorplay-rpc: dropped a caller's stream", "from", caller.Name, "err", err)
+		cancel()
+		s.Close()
+	}
 	incoming.attach(s)
 	defer incoming.close()
 	for {

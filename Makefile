@@ -18,7 +18,7 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench fuzz soak scale clean
+.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench fuzz soak scale scale-mesh clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
@@ -28,6 +28,7 @@ help:
 	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 3 million runs each"
 	@echo "make soak   a 10-minute soak of a world of 4"
 	@echo "make scale  a world of 256 workers on this host, three times"
+	@echo "make scale-mesh  a full mesh of 64 workers over shared memory, its peak shared memory printed"
 
 # Installs only what is missing, so a warm machine does no network work.
 deps:
@@ -87,6 +88,11 @@ soak: install
 # costs printed (goroutines, threads, file descriptors, RSS).
 scale: install
 	cd tests && TENSORPLAY_SCALE_WORKERS=256 TENSORPLAY_SCALE_RUNS=3 ../$(PY) -m pytest -q -p no:cacheprovider -o log_cli=true test_scale.py
+
+# A full mesh of 64 workers over shared memory (8 in `make test`), with the host's shared
+# memory at its peak and while idle printed.
+scale-mesh: install
+	cd tests && TENSORPLAY_MESH_WORKERS=64 TENSORPLAY_MESH_PEAK_LIMIT_MIB=2048 ../$(PY) -m pytest -q -p no:cacheprovider -o log_cli=true test_scale_mesh.py
 
 # The fuzz targets: briefly in `make test`, longer here.
 # Budgets are counts of executions, not durations: with a duration, Go 1.26's fuzzing

@@ -45,3 +45,41 @@ def calls_to_peers(rank, world_size):
     }
     rpc.shutdown()
     return out
+
+
+def _small(x):
+    return x
+
+
+def _big(arr):
+    return int(arr[0])
+
+
+def full_mesh(rank, world_size, idle_dir, idle_s):
+    """Every worker calls every other (``MESH_SMALL`` small calls and ``MESH_BIG`` 1 MiB
+    arrays each), then stays idle for ``idle_s`` seconds with its streams open (it creates
+    ``idle_dir/<rank>`` as it starts) before a graceful shutdown: the test reads the host's
+    shared memory at its peak and while the world idles."""
+    import numpy as np
+
+    init(rank, world_size, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", rpc_timeout=600)
+    arr = np.full(1 << 20, rank % 251, dtype=np.uint8)
+    peers = [p for p in range(world_size) if p != rank]
+    started = time.monotonic()
+    wrong = 0
+    for p in peers:
+        futs = [rpc.rpc_async(f"worker{p}", _small, args=(i,)) for i in range(MESH_SMALL)]
+        wrong += sum(f.wait() != i for i, f in enumerate(futs))
+        for _ in range(MESH_BIG):
+            wrong += rpc.rpc_sync(f"worker{p}", _big, args=(arr,)) != rank % 251
+    took = time.monotonic() - started
+    with open(os.path.join(idle_dir, str(rank)), "w") as f:
+        f.write("idle")
+    time.sleep(float(idle_s))
+    out = {"wrong": wrong, "mesh_s": took, "shm_regions": shm_mappings()}
+    rpc.shutdown()
+    return out
+
+
+MESH_SMALL = 50
+MESH_BIG = 8

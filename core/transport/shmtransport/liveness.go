@@ -19,7 +19,7 @@ const defaultPeerTimeout = 30 * time.Second
 // delayed by load or a collection is far from taken for a frozen peer.
 const beatsPerTimeout = 8
 
-// peerSilence is what the liveness watcher knows of one stream's peer; only the watcher uses it.
+// peerSilence is what tend knows of one stream's peer; only tend uses it.
 type peerSilence struct {
 	beat     uint64        // the peer's heartbeat last seen
 	silent   time.Duration // how long it has stood still, in this process's running time
@@ -35,14 +35,15 @@ func (t *Transport) SetPeerTimeout(d time.Duration) {
 	t.peerTimeout = d
 }
 
-// beatEvery is how often the watcher beats and looks at its peers' heartbeats.
+// beatEvery is how often tend beats, looks at its peers' heartbeats and at idle lanes.
 func (t *Transport) beatEvery() time.Duration {
 	return min(time.Second, t.peerTimeout/beatsPerTimeout)
 }
 
-// watchLiveness beats for every stream of the transport and ends those whose peer stopped
-// beating, until the transport has no stream left (track starts it again for the next).
-func (t *Transport) watchLiveness() {
+// tend beats for every stream of the transport, ends those whose peer stopped beating, and
+// has idle ones give their pages back (idle.go), until the transport has no stream left (track
+// starts it again for the next).
+func (t *Transport) tend() {
 	tick := time.NewTicker(t.beatEvery())
 	defer tick.Stop()
 	var streams []*stream
@@ -63,6 +64,7 @@ func (t *Transport) watchLiveness() {
 		}
 		for _, s := range streams {
 			s.beatAndCheck(now, t.peerTimeout, t.beatEvery())
+			s.giveBackIfIdle()
 		}
 	}
 }

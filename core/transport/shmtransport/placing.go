@@ -327,6 +327,9 @@ func (r *ringReader) attachLanding(f *wire.Frame) error {
 	if total != l.n || len(f.Sizes) == 0 {
 		return fmt.Errorf("a landing of %d bytes for a message of %d", l.n, total)
 	}
+	if g := r.r.ctrl.landingsGivenBack.Load(); g != r.givenBack {
+		r.givenBack, r.mapped = g, 0 // the pages this process had mapped are gone
+	}
 	if end := min(alignUp(l.off+l.n), uint64(len(r.area))); end > r.mapped {
 		// This process reads pages of the area it never read before: mapped in one go, not a
 		// fault at a time as the message is read.

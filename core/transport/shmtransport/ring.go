@@ -55,6 +55,9 @@ type ringCtrl struct {
 	// heartbeat, in the small lane's block of a direction, is bumped by that direction's
 	// producer process every beat while it runs (liveness.go).
 	heartbeat atomic.Uint64
+	// landingsGivenBack, in the bulk lane's block, counts the times the producer gave the
+	// pages of its landing area back (idle.go): the consumer maps them afresh.
+	landingsGivenBack atomic.Uint32
 }
 
 // ring is one direction of a stream: its control block and data area in a mapped region.
@@ -235,6 +238,7 @@ type ringReader struct {
 	// landing over (placing.go).
 	area        []byte
 	mapped      uint64 // how much of area, from its start, this process has mapped
+	givenBack   uint32 // ringCtrl.landingsGivenBack when mapped was last right
 	spansPlaced bool
 	landing     landingTrailer
 	land        func(slot int) (release func())

@@ -62,7 +62,7 @@ type stream struct {
 	// does not stop a thread: the lanes are not ordered with each other.
 	heldSmall bool
 
-	// silence is the peer's heartbeat as the liveness watcher last saw it (liveness.go).
+	// silence is the peer's heartbeat as tend last saw it (liveness.go).
 	silence peerSilence
 
 	gone atomic.Pointer[error] // why the stream ended, once it has
@@ -78,6 +78,8 @@ type stream struct {
 // lane is one lane of a stream: a ring each way.
 type lane struct {
 	sendMu sync.Mutex // one Send at a time per lane
+	sends  atomic.Uint64
+	idle   laneIdleness // how long it has sent nothing, as tend sees it (idle.go)
 	out    ringWriter
 	parts  wire.Parts
 	in     ringReader // read by Recv only
@@ -138,6 +140,7 @@ func (s *stream) Send(f *wire.Frame) error {
 	}
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
+	l.sends.Add(1)
 	pieces, total, err := l.parts.Encode(f)
 	if err != nil {
 		return err

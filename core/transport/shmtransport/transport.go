@@ -59,7 +59,7 @@ type Transport struct {
 	preAuth time.Duration
 
 	// peerTimeout ends a stream whose peer's heartbeat stood still that long (liveness.go);
-	// watching says the watcher runs (under mu). frozen stops this side's beats: tests freeze
+	// watching says tend runs (under mu). frozen stops this side's beats: tests freeze
 	// a peer with it, as SIGSTOP would.
 	peerTimeout time.Duration
 	watching    bool
@@ -225,7 +225,7 @@ func (t *Transport) track(s *stream) bool {
 	t.streams[s] = struct{}{}
 	if !t.watching {
 		t.watching = true
-		go t.watchLiveness()
+		go t.tend()
 	}
 	s.onClose = func() {
 		t.mu.Lock()

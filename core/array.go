@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -222,6 +223,11 @@ func (a *Array) decodeBody(dec *msgpack.Decoder, n int) error {
 			return fmt.Errorf("an array's data is buffer %d of a message of %d", i, len(dd.buffers))
 		}
 		a.Data = dd.buffers[i]
+		if a.DType == "bool" {
+			// Checked below for bytes other than 0 and 1, which the sender must not be able
+			// to write afterwards (its buffer may be shared memory it still writes).
+			a.Data = bytes.Clone(a.Data)
+		}
 		dd.arrays++
 	}
 	if err := a.check(); err != nil {

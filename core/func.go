@@ -101,6 +101,14 @@ func CallFunc[R any](ctx context.Context, a *Agent, to, method string, args ...a
 	}
 	resp, err := a.Call(ctx, to, method, req)
 	if err != nil {
+		var re *RemoteError
+		if errors.As(err, &re) && re.Payload.Pooled() {
+			// Its detail may live in the sender's shared memory, which stays the sender's
+			// (and keeps the region mapped) until released: the error keeps a copy.
+			landed := re.Payload
+			re.Payload = landed.ownCopy()
+			landed.Release()
+		}
 		return result, pythonError(err)
 	}
 	if resp.Pooled() {
@@ -139,12 +147,16 @@ func encodeValue(v any) (Message, error) {
 }
 
 // newDecoder is a decoder of msg's payload, checked (checkMsgpack), whose Arrays find their
-// data in msg's buffers; done forgets it and says how many Arrays it decoded.
+// data in msg's buffers; done forgets it and says how many Arrays it decoded. It decodes a
+// private copy of the payload: a big message received over shared memory lies in memory its
+// sender can still write, and bytes changed between the check and the decoding could claim a
+// slice of any length, which msgpack allocates at once.
 func newDecoder(msg Message) (dec *msgpack.Decoder, done func() (arrays int), err error) {
-	if err := checkMsgpack(msg.Payload); err != nil {
+	payload := bytes.Clone(msg.Payload)
+	if err := checkMsgpack(payload); err != nil {
 		return nil, nil, err
 	}
-	dec = msgpack.NewDecoder(bytes.NewReader(msg.Payload))
+	dec = msgpack.NewDecoder(bytes.NewReader(payload))
 	d := &decoding{buffers: msg.Buffers}
 	decodingBuffers.Store(dec, d)
 	return dec, func() int {

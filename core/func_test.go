@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -295,4 +298,40 @@ func TestFuncRefusesHostileArguments(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestABigErrorDetailIsNotLeftInSharedMemory: the detail of a failed call can be big enough to
+// land in its sender's shared memory, which stays the sender's (and keeps the stream's region
+// mapped) until it is released. CallFunc's error keeps a copy of its own.
+func TestABigErrorDetailIsNotLeftInSharedMemory(t *testing.T) {
+	detail := bytes.Repeat([]byte{0xc1}, 3<<20) // not msgpack: the error stays a *RemoteError
+	handlers := map[string]core.Handler{"failbig": core.HandlerFunc(func(context.Context, core.Message) (core.Message, error) {
+		return core.Message{}, &core.RemoteError{Message: "failed with detail", Payload: core.Message{Payload: detail}}
+	})}
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: handlers})
+	_, err := core.CallFunc[int](testctx.For(t), c.Agents[0], "w1", "failbig")
+	var re *core.RemoteError
+	if !errors.As(err, &re) || !bytes.Equal(re.Payload.Payload, detail) {
+		t.Fatalf("got %v", err)
+	}
+	if where := mappingOf(t, &re.Payload.Payload[0]); strings.Contains(where, "memfd:tensorplay-rpc") {
+		t.Fatalf("the error's detail lies in %s, the sender's shared memory", where)
+	}
+}
+
+// mappingOf names the mapping of this process that holds p.
+func mappingOf(t *testing.T, p *byte) string {
+	t.Helper()
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := uint64(uintptr(unsafe.Pointer(p)))
+	for _, line := range strings.Split(string(maps), "\n") {
+		var start, end uint64
+		if _, err := fmt.Sscanf(line, "%x-%x", &start, &end); err == nil && start <= addr && addr < end {
+			return line
+		}
+	}
+	return "no mapping"
 }

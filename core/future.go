@@ -159,7 +159,7 @@ func (f *CallFuture) AwaitReading(d time.Duration) time.Duration {
 	handle := func(fr *wire.Frame) {
 		// A small frame (transport.SelfReading): the whole message, no reassembly.
 		c.peer.agent.selfReadFrames.Add(1)
-		c.deliver(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil)
+		c.deliver(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers, release: fr.TakeRecycle()}, nil)
 	}
 	for !f.completed.Load() {
 		left := time.Until(deadline)

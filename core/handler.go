@@ -21,6 +21,10 @@ const maxErrorText = 64 << 10
 // While it blocks, the caller's stream is not read: a handler may do that to push back when
 // it is full, until call.Context() ends. [HandlerFunc] adapts an ordinary blocking function.
 // A panic in ServeRPC fails the call, not the worker.
+//
+// A big request from a worker on this host may arrive in place, in shared memory its sender
+// can still write (until Release): a handler that validates its bytes and then uses them must
+// copy them first. Func and the typed calls decode from a copy of their own.
 type Handler interface {
 	ServeRPC(call *ServerCall)
 }

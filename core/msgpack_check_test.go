@@ -1,10 +1,15 @@
 package core
 
 import (
+	"context"
+	"reflect"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 )
 
 func TestCheckMsgpackTakesWhatMsgpackMakes(t *testing.T) {
@@ -61,4 +66,55 @@ func repeat(b byte, n int) []byte {
 		out[i] = b
 	}
 	return out
+}
+
+// TestArgumentsAreDecodedFromAPrivateCopy: a big request received over shared memory lies in
+// memory its sender can still write. Bytes that passed the check and then change must not
+// reach the decoder: here one flip turns a 1-element list into a claim of 16M elements, which
+// msgpack would allocate at once. The sender writes through a mapping of its own, as another
+// process would.
+func TestArgumentsAreDecodedFromAPrivateCopy(t *testing.T) {
+	typ := reflect.TypeOf(func(ctx context.Context, xs []int64) error { return nil })
+	fd, err := unix.MemfdCreate("test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 4096); err != nil {
+		t.Fatal(err)
+	}
+	mine, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mine)
+	senders, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(senders)
+	payload := mine[:copy(mine, []byte{0x91, 0xdd, 0x00, 0x00, 0x00, 0x01, 0x05})] // [[5]], the inner list an array32
+	var stop atomic.Bool
+	flipping := make(chan struct{})
+	go func() {
+		defer close(flipping)
+		for !stop.Load() {
+			senders[2] ^= 0x01
+		}
+	}()
+	big := 0
+	for range 2000 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		decodeArgs(typ, Message{Payload: payload})
+		runtime.ReadMemStats(&after)
+		if after.TotalAlloc-before.TotalAlloc > 16<<20 {
+			big++
+		}
+	}
+	stop.Store(true)
+	<-flipping
+	if big > 0 {
+		t.Fatalf("%d of 2000 decodes allocated a claim the check had refused", big)
+	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
+	"github.com/tensorplay/tensorplay-rpc/core/internal/bufpool"
 	"github.com/tensorplay/tensorplay-rpc/core/internal/testctx"
 )
 
@@ -140,5 +141,39 @@ func TestAThreadReadingForItselfHearsOfTheEnd(t *testing.T) {
 				t.Fatalf("err = %v, want %v naming w1", err, c.want)
 			}
 		})
+	}
+}
+
+// TestARepliesMemoryGoesBackToThePoolWhoeverReadIt: a reply a waiting thread read itself lives
+// in pooled memory, as one the reader goroutine read does; releasing it gives that memory
+// back for the next message to use.
+func TestARepliesMemoryGoesBackToThePoolWhoeverReadIt(t *testing.T) {
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: testHandlers(nil)})
+	payload := bytes.Repeat([]byte("p"), 200<<10) // one frame, decoded into pooled memory
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	readByThread, returned := 0, 0
+	for range 40 {
+		f := c.Agents[0].CallAsync(testctx.For(t), "w1", "echo", core.Message{Payload: payload})
+		read := awaitByReading(t, f)
+		resp, err := f.Result()
+		if err != nil || !bytes.Equal(resp.Payload, payload) {
+			t.Fatalf("%d bytes, %v", len(resp.Payload), err)
+		}
+		if !read {
+			continue
+		}
+		readByThread++
+		idle := bufpool.Shared.Idle()
+		resp.Release()
+		if bufpool.Shared.Idle() > idle {
+			returned++
+		}
+	}
+	if readByThread == 0 {
+		t.Fatal("no reply was read by the waiting thread")
+	}
+	if returned < readByThread/2 {
+		t.Fatalf("of %d replies the waiting thread read, %d gave their memory back to the pool when released", readByThread, returned)
 	}
 }

@@ -39,7 +39,7 @@ func (a *Agent) ServeReading(d time.Duration, stop func() bool, wake *atomic.Poi
 		request := fr.Kind == wire.FrameRequest
 		// Awake while it serves: what wakes it then (the handler's, perhaps) rings nothing.
 		wake.Store(&awake)
-		ss.handle(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers}, nil, nil, slotHeld && request)
+		ss.handle(fr, Message{Payload: fr.Payload, Buffers: fr.Buffers, release: fr.TakeRecycle()}, nil, nil, slotHeld && request)
 		wake.Store(&interrupt)
 		slotHeld = slotHeld && !request
 	}

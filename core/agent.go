@@ -142,9 +142,10 @@ type Agent struct {
 	// refSeqMu orders the application of a worker's reference operations across its streams
 	// (see applyRefOpsFrom).
 	refSeqMu    sync.Mutex
-	peerTimeout time.Duration // see Config.PeerTimeout
-	outstanding atomic.Int64  // calls made and not yet completed
-	started     atomic.Int64  // calls made, ever: the shutdown barrier compares them
+	peerTimeout time.Duration             // see Config.PeerTimeout
+	beforeClose func(ctx context.Context) // see SetBeforeClose
+	outstanding atomic.Int64              // calls made and not yet completed
+	started     atomic.Int64              // calls made, ever: the shutdown barrier compares them
 	state       atomic.Int32
 	ready       chan struct{} // closed once the world is known
 	serveCtx    context.Context
@@ -230,6 +231,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.handlers[RemoteMethod] = remoteHandler{a}
 	a.handlers[FetchMethod] = fetchHandler{a}
+	a.handlers[appliedMethod] = HandlerFunc(func(context.Context, Message) (Message, error) { return Message{}, nil })
 	a.serveCtx, a.stopServing = context.WithCancel(context.Background())
 	if err := a.start(ctx, cfg); err != nil {
 		a.close()

@@ -358,3 +358,24 @@ func TestSelfCallsGetTheirOwnCopies(t *testing.T) {
 		})
 	}
 }
+
+// TestAGracefulShutdownThatTimesOutSaysSoAndCloses: a worker whose graceful shutdown waits in
+// vain for another (which has not called Shutdown) gets ErrShutdownTimedOut at its deadline,
+// and is closed all the same.
+func TestAGracefulShutdownThatTimesOutSaysSoAndCloses(t *testing.T) {
+	for _, tr := range []string{core.TransportGRPC, core.TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{tr}, Handlers: testHandlers(nil)})
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			err := c.Agents[0].Shutdown(ctx, true)
+			if !errors.Is(err, core.ErrShutdownTimedOut) || !strings.Contains(err.Error(), "[1]") {
+				t.Fatalf("err = %v, want ErrShutdownTimedOut naming rank 1", err)
+			}
+			if _, err := c.Agents[0].Call(testctx.For(t), "w1", "echo", core.Message{}); !errors.Is(err, core.ErrShutdown) {
+				t.Fatalf("a call after the timed-out shutdown: err = %v, want ErrShutdown", err)
+			}
+			c.Agents[1].Shutdown(context.Background(), false)
+		})
+	}
+}

@@ -16,6 +16,9 @@ var (
 	ErrUnknownWorker = errors.New("unknown destination worker")
 	// ErrShutdown: the agent is shut down or shutting down.
 	ErrShutdown = errors.New("RPC agent is shut down")
+	// ErrShutdownTimedOut: a graceful Shutdown's context ended before every worker reached
+	// its barrier (or this worker's own calls completed); the agent is closed all the same.
+	ErrShutdownTimedOut = errors.New("graceful shutdown timed out")
 	// ErrNoHandler: the callee has no handler registered for the method.
 	ErrNoHandler = errors.New("no handler for method")
 	// ErrRendezvous: the world could not be formed.

@@ -269,7 +269,7 @@ func (a *Agent) applyRefOps(ops []wire.RefOp) {
 // now stay queued, to go with the next stream to it (a retry comes after refRetryDelay): the
 // owner is still in the world (one that left has its operations dropped with it, peer.leave),
 // and dropping them would leave its sequence behind the holder's for good.
-func (a *Agent) flushRefOps(ctx context.Context) {
+func (a *Agent) flushRefOps(ctx context.Context) (sent []<-chan struct{}) {
 	undelivered := false
 	for _, m := range a.world().byID {
 		p := m.peer
@@ -277,8 +277,10 @@ func (a *Agent) flushRefOps(ctx context.Context) {
 			continue
 		}
 		c, err := p.connect(ctx)
+		var done <-chan struct{}
 		if err == nil {
-			err = c.writer.sendRefOps()
+			done, err = c.writer.sendRefOps()
+			sent = append(sent, done)
 		}
 		if err != nil {
 			undelivered = true
@@ -291,6 +293,7 @@ func (a *Agent) flushRefOps(ctx context.Context) {
 			a.flushLateRefOps()
 		})
 	}
+	return sent
 }
 
 // refRetryDelay is how long reference operations an owner could not be sent wait before the

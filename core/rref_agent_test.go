@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,4 +123,51 @@ func TestAReleaseThatOvertakesItsRegistrationKeepsTheValue(t *testing.T) {
 	if n := droppedSoFar(); n != 1 || owner.OwnedRRefs() != 0 {
 		t.Fatalf("once every operation arrived: dropped %d times, owner tracks %d RRefs; want 1 and 0", n, owner.OwnedRRefs())
 	}
+}
+
+// TestForksReleasedBeforeClosingReachTheirOwner: a graceful shutdown runs the hook
+// SetBeforeClose set once the barrier is over, and the releases it queues are applied by their
+// owners before any worker closes (as the Python binding releases the RRefs user code still
+// holds, and torch's graceful shutdown deletes them).
+func TestForksReleasedBeforeClosingReachTheirOwner(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		opts.Handlers = testHandlers(nil)
+		agents := coretest.Start(t, coretest.Configs(t, 2, opts)).Agents
+		owner, holder := agents[0], agents[1]
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var ids, forks []wire.RRefID
+		for range 100 {
+			id, fork := holder.NewRRefID(), holder.NewRRefID()
+			if err := holder.AddFork(ctx, 0, id, fork, 1); err != nil {
+				t.Fatal(err)
+			}
+			ids, forks = append(ids, id), append(forks, fork)
+		}
+		if _, err := holder.Call(ctx, "w0", "echo", core.Message{}); err != nil { // the forks have reached the owner
+			t.Fatal(err)
+		}
+		var hookRan atomic.Bool
+		holder.SetBeforeClose(func(context.Context) {
+			hookRan.Store(true)
+			for i := range ids {
+				holder.ReleaseFork(0, ids[i], forks[i])
+			}
+		})
+		done := make(chan error, 2)
+		for _, a := range agents {
+			go func() { done <- a.Shutdown(ctx, true) }()
+		}
+		for range agents {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !hookRan.Load() {
+			t.Fatal("the holder's hook never ran")
+		}
+		if n := owner.OwnedRRefs(); n != 0 {
+			t.Fatalf("the owner still held %d RRefs when it closed", n)
+		}
+	})
 }

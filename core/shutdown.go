@@ -28,12 +28,55 @@ func (a *Agent) Shutdown(ctx context.Context, graceful bool) error {
 		case a.dynamic:
 			err = a.leave(ctx, graceful)
 		case graceful:
-			err = a.drain(ctx)
+			var rounds int
+			if rounds, err = a.drain(ctx); err == nil {
+				err = a.beforeClosing(ctx, rounds)
+			}
 		}
 		a.close()
 	})
 	return err
 }
+
+// SetBeforeClose sets what a graceful Shutdown of a static world runs once its barrier is
+// over (no worker makes calls any more) and before this worker closes; the reference
+// operations it queues then go out before the streams close. The Python binding releases
+// there the RRefs user code still holds, as torch's graceful shutdown deletes every user RRef:
+// their owners then hold no forks of a worker that is gone. Call it before Shutdown.
+func (a *Agent) SetBeforeClose(f func(ctx context.Context)) { a.beforeClose = f }
+
+// beforeClosing runs once the barrier's first rounds are over (rounds of them): the hook
+// SetBeforeClose set, then the reference operations it queued go to their owners, each owner
+// is called (appliedMethod: its answer comes after it applied what came before on the same
+// stream), and a last barrier round keeps every worker open until all have heard back.
+func (a *Agent) beforeClosing(ctx context.Context, rounds int) error {
+	if a.beforeClose != nil {
+		a.beforeClose(ctx)
+	}
+	var owners []*member
+	for _, m := range a.world().byID {
+		if m.info.ID != a.self.ID && m.peer.hasRefOps() {
+			owners = append(owners, m)
+		}
+	}
+	a.flushRefOps(ctx)
+	var calls []*CallFuture
+	for _, m := range owners {
+		calls = append(calls, a.CallRank(ctx, m.info.ID, appliedMethod, Message{}))
+	}
+	for _, c := range calls {
+		c.Result() // an owner that cannot be reached is closing too, or gone
+	}
+	if rounds >= rendezvous.MaxShutdownRounds {
+		return nil
+	}
+	_, err := a.barrierRound(ctx, rounds)
+	return err
+}
+
+// appliedMethod is the agent's own method that answers at once: a caller that queued
+// reference operations for a worker knows from its answer that they were applied.
+const appliedMethod = ReservedMethodPrefix + "applied"
 
 // leave is a dynamic world's shutdown: no barrier, as in torch, since the others stay. A
 // graceful one waits for this worker's own calls first. Either way the store and every member
@@ -54,6 +97,10 @@ func (a *Agent) leave(ctx context.Context, graceful bool) error {
 	return errors.Join(err, a.leaveDynamic(ctx))
 }
 
+// deadlineSlack is how close to its context's deadline a store's wait may end and still be
+// taken for that deadline's.
+const deadlineSlack = 100 * time.Millisecond
+
 // leaveTimeout bounds telling the store and the world of a leave.
 const leaveTimeout = 5 * time.Second
 
@@ -65,7 +112,11 @@ func (a *Agent) waitOwnCalls(ctx context.Context) error {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return fmt.Errorf("graceful shutdown: %d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
+			err := fmt.Errorf("%d calls of this worker still pending: %w", a.outstanding.Load(), ctx.Err())
+			if errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("%w: %w", ErrShutdownTimedOut, err)
+			}
+			return fmt.Errorf("graceful shutdown: %w", err)
 		}
 	}
 	return nil
@@ -76,21 +127,24 @@ func (a *Agent) waitOwnCalls(ctx context.Context) error {
 // made. A handler can make a call after its worker joined a round (work a reply set going);
 // the barrier ends only once a round finds every count as the round before found it, so no
 // worker closes while such a call is in flight. torch repeats its barrier for the same reason.
-func (a *Agent) drain(ctx context.Context) error {
+func (a *Agent) drain(ctx context.Context) (rounds int, err error) {
 	a.state.Store(stateDraining)
 	var previous [][]byte
 	for round := range rendezvous.MaxShutdownRounds {
 		values, err := a.barrierRound(ctx, round)
-		if err != nil || values == nil {
-			return err
+		if err != nil {
+			return round + 1, err
+		}
+		if values == nil { // the store is gone: no rounds left to hold
+			return rendezvous.MaxShutdownRounds, nil
 		}
 		if round > 0 && sameCounts(values, previous) {
-			return nil
+			return round + 1, nil
 		}
 		previous = values
 	}
 	a.log.Warn(fmt.Sprintf("tensorplay-rpc: graceful shutdown: workers still made calls after %d barrier rounds; leaving", rendezvous.MaxShutdownRounds), "worker", a.self.Name)
-	return nil
+	return rendezvous.MaxShutdownRounds, nil
 }
 
 // barrierRound waits for this worker's calls and holds one round of the shutdown barrier; it
@@ -124,6 +178,10 @@ func (a *Agent) barrierRound(ctx context.Context, round int) ([][]byte, error) {
 		return nil, nil
 	}
 	if err != nil {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < deadlineSlack {
+			// The store's wait ended with ctx's (the remote store's error says no more).
+			return nil, fmt.Errorf("%w: %w", ErrShutdownTimedOut, err)
+		}
 		return nil, fmt.Errorf("graceful shutdown barrier: %w", err)
 	}
 	for rank, v := range values {

@@ -3,6 +3,7 @@ package pybind
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"runtime"
@@ -35,6 +36,11 @@ type Agent struct {
 	shutdownDone chan struct{}
 	shutdownErr  error
 	shutdownOnce sync.Once
+	// drained is closed when a graceful shutdown's barrier is over (core's SetBeforeClose),
+	// and released by Python once it has released the RRefs user code still holds;
+	// drainedOrDone when that barrier is over or the shutdown ended without one.
+	drained, released, drainedOrDone chan struct{}
+	releaseOnce, drainedOrDoneOnce   sync.Once
 }
 
 // Starter is a join of the world under way (BeginStart).
@@ -130,8 +136,11 @@ func (s *Starter) Agent() (*Agent, error) {
 
 func start(ctx context.Context, name string, rank, worldSize int, initMethod string, initTimeoutMs int, maxMessageSize int64, token string, tlsFiles *core.TLSFiles, transports, exposed []string, storeServed chan<- string) (*Agent, error) {
 	a := &Agent{
-		lent:         map[int64]core.Message{},
-		shutdownDone: make(chan struct{}),
+		lent:          map[int64]core.Message{},
+		shutdownDone:  make(chan struct{}),
+		drained:       make(chan struct{}),
+		released:      make(chan struct{}),
+		drainedOrDone: make(chan struct{}),
 	}
 	a.requests = newMailbox[Request](a.shutdownDone)
 	a.events = newMailbox[Event](a.shutdownDone)
@@ -154,6 +163,7 @@ func start(ctx context.Context, name string, rank, worldSize int, initMethod str
 		return nil, err
 	}
 	a.agent = ag
+	ag.SetBeforeClose(a.releaseUserRRefs)
 	// Idle pool threads read the caller's stream for themselves. Set before Python has the
 	// agent, so before any take (which reads it without the lock).
 	a.requests.read = ag.ServeReading
@@ -260,6 +270,7 @@ func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 		go func() {
 			defer func() {
 				close(a.shutdownDone)
+				a.drainedOrDoneOnce.Do(func() { close(a.drainedOrDone) })
 				a.requests.wakeAll()
 				a.events.wakeAll()
 			}()
@@ -274,6 +285,58 @@ func (a *Agent) BeginShutdown(graceful bool, timeoutMs int) {
 			}
 		}()
 	})
+}
+
+// releaseUserRRefs runs once a graceful shutdown's barrier is over: Python, which waits for
+// it (WaitDrained), releases the RRefs user code still holds, and says so (UserRRefsReleased);
+// a Python that does not is waited for at most userRRefsWait.
+func (a *Agent) releaseUserRRefs(ctx context.Context) {
+	close(a.drained)
+	a.drainedOrDoneOnce.Do(func() { close(a.drainedOrDone) })
+	t := time.NewTimer(userRRefsWait)
+	defer t.Stop()
+	select {
+	case <-a.released:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// userRRefsWait bounds how long a graceful shutdown waits for Python to release its RRefs.
+const userRRefsWait = 10 * time.Second
+
+// WaitDrained waits up to timeoutMs until a graceful shutdown's barrier is over (Python is to
+// release its RRefs, then call UserRRefsReleased) or the shutdown has ended without one; it
+// reports whether either happened. An interruptible wait also returns, false, as WaitShutdown.
+func (a *Agent) WaitDrained(timeoutMs int, interruptible bool) bool {
+	t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer t.Stop()
+	return awaitClose(a.drainedOrDone, t.C, interruptible)
+}
+
+// Drained reports whether a graceful shutdown's barrier is over and waits for Python to
+// release its RRefs.
+func (a *Agent) Drained() bool {
+	select {
+	case <-a.drained:
+		return true
+	default:
+		return false
+	}
+}
+
+// UserRRefsReleased lets a graceful shutdown waiting in releaseUserRRefs go on.
+func (a *Agent) UserRRefsReleased() { a.releaseOnce.Do(func() { close(a.released) }) }
+
+// ShutdownTimedOut reports whether the shutdown ended by its timeout (a graceful one whose
+// barrier some worker did not reach in time); the agent is closed all the same.
+func (a *Agent) ShutdownTimedOut() bool {
+	select {
+	case <-a.shutdownDone:
+		return errors.Is(a.shutdownErr, core.ErrShutdownTimedOut)
+	default:
+		return false
+	}
 }
 
 // WaitShutdown waits up to timeoutMs for the shutdown BeginShutdown started; it reports

@@ -109,12 +109,17 @@ def test_futures_and_all_gather():
 
 
 def test_graceful_shutdown_with_rrefs_held():
-    caller = run_world("rrefs:shutdown_with_rrefs", 2, timeout=60)[0].value
+    caller, owner = run_world("rrefs:shutdown_with_rrefs", 2, timeout=60)
+    expect_behaviours(owner.value, {
+        "the owner dropped the values user RRefs still held at shutdown, as torch's": lambda o: o["owned_after"] == 0,
+    })
+    assert "dropped RRefs held only by a worker that is gone" not in owner.output, owner.output
+    caller = caller.value
     expect_behaviours(caller, {
         "a bad timeout is refused before anything changes":
             lambda o: raised(TypeError, "timeout must be a number of seconds, got str")(o["bad_timeout"]),
         "and the worker is still up": lambda o: o["still_up"] == 3 and o["small_before"] == 41,
-        "every held RRef survived until shutdown": lambda o: o["held"] == 50,
+        "every held RRef survived until shutdown": lambda o: o["held"] == 50 and o["tracked_held"] == 20,
         "a user RRef used after shutdown raises, even with its value cached":
             lambda o: o["small_after"][0] is RuntimeError and "has been deleted. Cannot call to_here() on it after deletion." in o["small_after"][1],
     })

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 from . import _dist_autograd, _interrupts, _torch_store, constants, crosslang
@@ -501,6 +502,9 @@ class TensorPipeAgent(RpcAgent):
         self._go_agent = go_agent
         self.rpc_timeout = rpc_timeout
         self.owner_table = OwnerTable()
+        #: The RRefs this worker holds to values other workers own (rref.PyRRef), released
+        #: to their owners by a graceful shutdown, as torch's deletes every user RRef.
+        self.user_rrefs: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.running = True
         #: False for a dynamic world (``init_rpc(world_size=None)``), as torch's attribute.
         self.is_static_group = is_static_group
@@ -1007,8 +1011,20 @@ class TensorPipeAgent(RpcAgent):
         """Leave the world (see ``api.shutdown``); waits in slices so Ctrl-C gets through."""
         crosslang.watch_exposed(self._expose, on=False)
         self._go_agent.BeginShutdown(graceful, _to_ms(timeout))
+        failure: Optional[RuntimeError] = None
         try:
+            _wait_on_go(self._go_agent.WaitDrained)
+            if self._go_agent.Drained():
+                # The barrier is over: no worker calls any more, so no handler uses an RRef.
+                # Their owners then hold no forks of a worker about to be gone.
+                for rref in list(self.user_rrefs):
+                    rref._release()
+                self._go_agent.UserRRefsReleased()
             _wait_on_go(self._go_agent.WaitShutdown)
+        except RuntimeError as exc:
+            # Go's shutdown ended with an error, and closed the agent all the same: this side
+            # closes too before saying so, or the worker would be left half shut down.
+            failure = exc
         except BaseException:
             # Ctrl-C: Go finishes closing on its own; the threads are daemons and end with it.
             self.running = False
@@ -1024,6 +1040,12 @@ class TensorPipeAgent(RpcAgent):
         for t in self._threads:
             t.join(timeout=WAIT_SLICE_S * 2)
         forward_go_logs()  # what shutting down logged
+        if failure is not None:
+            if not self._go_agent.ShutdownTimedOut():
+                raise failure
+            # As torch's: a graceful shutdown given a timeout waits that long for the others,
+            # then leaves without them (and says whom it left).
+            logger.warning("shutdown: %s; this worker left without them", failure)
 
 
 def start_agent(store: str, name: str, rank: int, world_size: int, options: TensorPipeRpcBackendOptions) -> TensorPipeAgent:

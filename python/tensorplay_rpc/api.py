@@ -204,7 +204,8 @@ def shutdown(graceful: bool = True, timeout: float = constants.DEFAULT_SHUTDOWN_
     """Leave the RPC world.
 
     A graceful shutdown is a barrier: it returns once every worker has called shutdown and no
-    calls are in flight anywhere (waiting at most ``timeout`` seconds if positive). A
+    calls are in flight anywhere. With a positive ``timeout`` it waits at most that many seconds,
+    then leaves without the workers that did not come (a warning names them), as torch's does. A
     non-graceful one returns at once and fails this worker's pending calls. Afterwards every
     call raises. In a dynamic world (``world_size=None``) there is no barrier: this worker
     waits for its own calls (if graceful), then leaves, and every other worker hears of it.

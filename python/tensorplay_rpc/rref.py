@@ -33,7 +33,7 @@ class PyRRef:
     """The implementation of :class:`RRef`; its public methods are installed on RRef with
     :func:`method_factory`, as torch does."""
 
-    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "_function", "__weakref__")
+    __slots__ = ("_agent", "_owner_id", "_owner", "_owner_epoch", "_rref_id", "_fork_id", "_slot", "_creation", "_made_by", "_type", "_function", "_unreleased", "__weakref__")
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:
         """Make a local RRef, owned by this worker, to ``value``."""
@@ -56,18 +56,32 @@ class PyRRef:
             raise RuntimeError(f"the RRef's owner, worker id {owner_id}, is not in the world (it left)")
         self._owner = owner
         self._owner_epoch = agent.member_epoch(owner_id)
-        self._agent = agent  # last: __del__ releases the fork once it is set
+        # Popped by the one release (list.pop is atomic: __del__ may run on any thread).
+        self._unreleased = [True]
         self._owner_id = owner_id
         self._rref_id = rref_id
         self._fork_id = fork_id
         self._slot = slot
         self._creation = creation
+        self._agent = agent  # last: __del__ releases the fork once it is set
+        if owner_id != agent.info.id:
+            agent.user_rrefs.add(self)
 
     def __del__(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Tell the owner this worker no longer holds the fork (once: when the RRef dies, or
+        at a graceful shutdown)."""
         agent = getattr(self, "_agent", None)
         # Not to an owner that left: a worker that joined under its id since holds no fork.
-        if agent is not None and agent.running and agent.member_epoch(self._owner_id) == self._owner_epoch:
-            agent.release_fork(self._owner_id, self._rref_id, self._fork_id)
+        if agent is None or not agent.running or agent.member_epoch(self._owner_id) != self._owner_epoch:
+            return
+        try:
+            self._unreleased.pop()
+        except IndexError:
+            return
+        agent.release_fork(self._owner_id, self._rref_id, self._fork_id)
 
     def _deleted_error(self, what: str) -> RuntimeError:
         return RuntimeError(f"{self!r} has been deleted. Cannot call {what} on it after deletion.")

@@ -273,9 +273,18 @@ def frozen_past_peer_timeout(rank, world_size, ready_file, frozen_file, failed_f
     return out
 
 
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def shutdown_timeout(rank, world_size):
-    """worker1 does not shut down for a while: worker0's graceful shutdown gives up at its
-    timeout, saying why."""
+    """worker1 does not shut down for a while: worker0's graceful shutdown waits for it until
+    its timeout, then leaves without it and returns, as torch's does (saying whom it left), and
+    this worker is shut down whole: a new world can start on it at once."""
     init(rank, world_size)
     out = {}
     if rank == 0:
@@ -286,6 +295,12 @@ def shutdown_timeout(rank, world_size):
         except RuntimeError as err:
             out["error"] = str(err)
         out["took"] = time.monotonic() - start
+        out["agent_left"] = not rpc._is_current_rpc_agent_set()
+        out["threads_left"] = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and "tensorplay" in t.name.lower())
+        # A world of one on a fresh port: nothing of the old agent is in the way.
+        rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=options(init_method=f"tcp://127.0.0.1:{_free_port()}"))
+        out["solo"] = rpc.rpc_sync("solo", add, args=(1, 2))
+        rpc.shutdown()
     else:
         time.sleep(5)
         rpc.shutdown(graceful=False)

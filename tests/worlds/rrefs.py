@@ -295,9 +295,15 @@ def futures_and_gather(rank, world_size):
 
 def shutdown_with_rrefs(rank, world_size):
     """Graceful shutdown with RRefs still held and deletions pending returns; used afterwards,
-    a user RRef raises even if its value came cached with its creation."""
+    a user RRef raises even if its value came cached with its creation. As torch's, it deletes
+    the user RRefs still held: their owner drops the values before it closes (the caller's
+    own RRefs, small and held, included)."""
     init(rank, world_size)
     held, out = [], {}
+    tracked = []
+    if rank == 0:
+        tracked = [rpc.remote("worker1", Counter) for _ in range(20)]
+        [r.to_here() for r in tracked]
     if rank == 0:
         held = [rpc.remote("worker1", Counter, args=(i,)) for i in range(50)]
         for i in range(50):
@@ -306,12 +312,21 @@ def shutdown_with_rrefs(rank, world_size):
         out["small_before"] = small.to_here()
         out["bad_timeout"] = error_of(lambda: rpc.shutdown(timeout="x"))
         out["still_up"] = rpc.rpc_sync("worker1", add, args=(1, 2))
+    # Kept: the agent's table of owned values dies with it, values and all, whether or not
+    # their owner heard of their release.
+    agent = rpc._get_current_rpc_agent()
     start = time.monotonic()
     rpc.shutdown()
     out["took"] = time.monotonic() - start
     out["held"] = len(held)
     if rank == 0:
         out["small_after"] = error_of(small.to_here)
+        out["tracked_held"] = len(tracked)
+    else:
+        # What the owner's Go agent still tracks: forks nobody released (its Python side no
+        # longer hears of drops once it has shut down).
+        out["owned_after"] = agent._go_agent.OwnedRRefs()
+    del agent
     return out
 
 

@@ -1,6 +1,10 @@
 package core
 
-import "time"
+import (
+	"time"
+
+	"github.com/tensorplay/tensorplay-rpc/core/wire"
+)
 
 // SetReceiveIdleLimit changes how long a stream holding receive budget may stall before it is
 // evicted (idleReservationLimit), for tests about memory rather than eviction: on a loaded
@@ -18,3 +22,17 @@ func (a *Agent) ShuttingDown() bool { return a.state.Load() != stateRunning }
 
 // SelfReadFrames is how many frames threads waiting for their replies read themselves.
 func (a *Agent) SelfReadFrames() int64 { return a.selfReadFrames.Load() }
+
+// ReleaseForkLostInFlight is ReleaseFork whose operation goes out on the current stream and is
+// lost on the way (as if a frame carrying it vanished): the owner sees a gap after it.
+func (a *Agent) ReleaseForkLostInFlight(owner int, rref wire.RRefID, fork wire.ForkID) {
+	m, err := a.member(owner)
+	if err != nil {
+		panic(err)
+	}
+	p := m.peer
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	p.refLog = append(p.refLog, wire.RefOp{Kind: wire.RefRelease, RRef: rref, Fork: fork, Holder: a.self.ID, HolderEpoch: a.epoch})
+	p.refSent = len(p.refLog)
+}

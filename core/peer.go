@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -101,6 +102,23 @@ func (p *peer) ackRefOps(seq uint64) {
 	p.refLog = slices.Clone(p.refLog[k:])
 	p.refAcked += uint64(k)
 	p.refSent = max(0, p.refSent-k)
+}
+
+// resendRefOpsAfter takes the owner's word that it applied the operations up to number
+// applied and refused those after for a gap: they all go again, from the next frame on.
+func (p *peer) resendRefOpsAfter(applied uint64, log *slog.Logger) {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	if applied < p.refAcked {
+		// Operations it says it never applied were acknowledged before and are gone: only a
+		// restarted owner (whose values went with it) says so.
+		log.Warn("tensorplay-rpc: an RRef owner lost reference operations it had acknowledged", "owner", p.info.Name, "applied", applied, "acknowledged", p.refAcked)
+		return
+	}
+	k := int(min(applied-p.refAcked, uint64(len(p.refLog))))
+	p.refLog = slices.Clone(p.refLog[k:])
+	p.refAcked += uint64(k)
+	p.refSent = 0
 }
 
 // dropRefOps forgets every operation for the peer: it left the world, and its values with it.
@@ -264,7 +282,10 @@ func (c *peerConn) readLoop() {
 // read by a thread waiting for its reply (CallFuture.AwaitReading), which needs no reassembly.
 func (c *peerConn) deliver(fr *wire.Frame, msg Message, refused error) {
 	a, name := c.peer.agent, c.peer.info.Name
-	if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
+	if fr.Kind == wire.FrameRefs && fr.Status == wire.RefsGap {
+		c.peer.resendRefOpsAfter(fr.RefSeq, a.log)
+		a.queueRefFlush()
+	} else if fr.RefSeq > 0 && (fr.Kind == wire.FrameResponse || fr.Kind == wire.FrameRefs && len(fr.Refs) == 0) {
 		c.peer.ackRefOps(fr.RefSeq)
 	}
 	if fr.Kind != wire.FrameResponse {

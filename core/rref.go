@@ -192,7 +192,12 @@ const refFlushDelay = 2 * time.Millisecond
 
 func (a *Agent) queueRefOp(owner *member, op wire.RefOp) {
 	owner.peer.queueRefOp(op)
-	// A timer, not a goroutine woken at once: most operations are gone before it fires.
+	a.queueRefFlush()
+}
+
+// queueRefFlush has the reference operations queued go out soon, if no frame takes them. A
+// timer, not a goroutine woken at once: most operations are gone before it fires.
+func (a *Agent) queueRefFlush() {
 	if a.refFlushArmed.CompareAndSwap(false, true) {
 		time.AfterFunc(refFlushDelay, a.flushLateRefOps)
 	}
@@ -211,26 +216,28 @@ func (a *Agent) OwnedRRefs() int { return a.refs.len() }
 
 // applyRefOpsFrom applies reference operations that worker sent to this one as owner, the
 // first numbered first (wire.Frame.RefSeq), and returns the number of the last one applied
-// from worker. Each number is applied once, in order: an operation sent again on a new stream
-// after the old one broke is skipped, and a batch that would leave a gap is refused (the
-// sender sends again everything not acknowledged). A worker can only release its own forks:
+// from worker, and whether it refused them for a gap before them. Each number is applied once,
+// in order: an operation sent again on a new stream after the old one broke is skipped, and a
+// batch that would leave a gap is refused (the sender, told so, sends again everything after
+// the last applied). A worker can only release its own forks:
 // releases naming another holder are refused.
-func (a *Agent) applyRefOpsFrom(from *member, first uint64, ops []wire.RefOp) uint64 {
+func (a *Agent) applyRefOpsFrom(from *member, first uint64, ops []wire.RefOp) (applied uint64, gap bool) {
 	a.refSeqMu.Lock()
 	defer a.refSeqMu.Unlock()
 	worker := from.info
-	applied := from.refsApplied.Load()
+	applied = from.refsApplied.Load()
 	if len(ops) == 0 {
-		return applied
+		return applied, false
 	}
 	if first == 0 || first > applied+1 {
-		a.log.Warn("tensorplay-rpc: refused RRef operations out of sequence", "from", worker.Name, "first", first, "applied", applied)
-		return applied
+		// The sender is told (wire.RefsGap) and sends again from applied+1.
+		a.log.Warn("tensorplay-rpc: refused RRef operations out of sequence; asked for them again", "from", worker.Name, "first", first, "applied", applied)
+		return applied, true
 	}
 	if skip := applied + 1 - first; skip < uint64(len(ops)) {
 		ops = ops[skip:]
 	} else {
-		return applied
+		return applied, false
 	}
 	valid := make([]wire.RefOp, 0, len(ops))
 	refused := 0
@@ -253,7 +260,7 @@ func (a *Agent) applyRefOpsFrom(from *member, first uint64, ops []wire.RefOp) ui
 	a.applyRefOps(valid)
 	applied += uint64(len(ops))
 	from.refsApplied.Store(applied)
-	return applied
+	return applied, false
 }
 
 // applyRefOps applies reference operations addressed to this worker as owner.

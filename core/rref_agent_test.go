@@ -171,3 +171,39 @@ func TestForksReleasedBeforeClosingReachTheirOwner(t *testing.T) {
 		}
 	})
 }
+
+// TestAGapInReferenceOperationsHeals: an owner that finds reference operations missing before
+// a batch refuses it and says what it applied; the holder sends everything after that again,
+// and the owner ends up with the counts it should have (the lost release applied too).
+func TestAGapInReferenceOperationsHeals(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, opts coretest.Options) {
+		opts.Handlers = testHandlers(nil)
+		agents := coretest.Start(t, coretest.Configs(t, 2, opts)).Agents
+		owner, holder := agents[0], agents[1]
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		lost, lostFork := holder.NewRRefID(), holder.NewRRefID()
+		if err := holder.AddFork(ctx, 0, lost, lostFork, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := holder.Call(ctx, "w0", "echo", core.Message{}); err != nil {
+			t.Fatal(err)
+		}
+		holder.ReleaseForkLostInFlight(0, lost, lostFork)
+		later, laterFork := holder.NewRRefID(), holder.NewRRefID()
+		if err := holder.AddFork(ctx, 0, later, laterFork, 1); err != nil { // numbered after the lost one
+			t.Fatal(err)
+		}
+		if _, err := holder.Call(ctx, "w0", "echo", core.Message{}); err != nil {
+			t.Fatal(err)
+		}
+		holder.ReleaseFork(0, later, laterFork)
+		deadline := time.Now().Add(10 * time.Second)
+		for owner.OwnedRRefs() != 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := owner.OwnedRRefs(); n != 0 {
+			t.Fatalf("the owner still tracks %d RRefs after every fork was released, one release lost on the way", n)
+		}
+	})
+}

@@ -97,6 +97,12 @@ func (a *Agent) serveStream(s transport.Stream) {
 	}
 }
 
+// askForRefOpsAfter tells the caller its reference operations after number applied left a gap
+// and were refused: it sends them all again (wire.RefsGap).
+func (ss *servedStream) askForRefOpsAfter(applied uint64) {
+	ss.writer.sendFrame(&wire.Frame{Kind: wire.FrameRefs, RefSeq: applied, Status: wire.RefsGap})
+}
+
 // servedStream is a caller's stream as this worker serves it: read by its reader goroutine
 // (serveStream), and at times by an idle thread (ServeReading).
 type servedStream struct {
@@ -147,7 +153,9 @@ func (ss *servedStream) handle(fr *wire.Frame, msg Message, refused error, hold 
 		// Reference operations ride on requests, ahead of them (frameWriter.send): they
 		// apply even to a request refused below.
 		if len(fr.Refs) > 0 {
-			a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs)
+			if applied, gap := a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs); gap {
+				ss.askForRefOpsAfter(applied)
+			}
 		}
 		if !slotHeld {
 			// Each call being served holds one of its caller's slots (shared by all of its
@@ -187,7 +195,10 @@ func (ss *servedStream) handle(fr *wire.Frame, msg Message, refused error, hold 
 		a.dispatch(ss.ctx, caller, fr, msg, ss.reply)
 	case wire.FrameRefs:
 		// They have no reply to ride on: the acknowledgement goes in a frame of its own.
-		if applied := a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs); applied > 0 {
+		applied, gap := a.applyRefOpsFrom(from, fr.RefSeq, fr.Refs)
+		if gap {
+			ss.askForRefOpsAfter(applied)
+		} else if applied > 0 {
 			if err := ss.writer.sendFrame(&wire.Frame{Kind: wire.FrameRefs, RefSeq: applied}); err != nil {
 				return false
 			}

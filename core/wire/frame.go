@@ -42,6 +42,9 @@ const (
 	ReplyNoHandler
 	// ReplyTooLarge means the handler's reply was over the callee's size limit.
 	ReplyTooLarge
+	// RefsGap, on a FrameRefs back from an owner, says it refused operations that would have
+	// left a gap after RefSeq, the last it applied: the sender sends again all after it.
+	RefsGap
 )
 
 // Frame is the unit on the wire, encoded as a msgpack array (frame_codec.go).

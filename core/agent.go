@@ -144,13 +144,16 @@ type Agent struct {
 	refSeqMu    sync.Mutex
 	peerTimeout time.Duration             // see Config.PeerTimeout
 	beforeClose func(ctx context.Context) // see SetBeforeClose
-	outstanding atomic.Int64              // calls made and not yet completed
-	started     atomic.Int64              // calls made, ever: the shutdown barrier compares them
-	state       atomic.Int32
-	ready       chan struct{} // closed once the world is known
-	serveCtx    context.Context
-	stopServing context.CancelFunc
-	shutdown    sync.Once
+	// beforeCreate, in tests, runs between remoteHandler's check of a new RRef's forks and
+	// the making of its slot (a release may come in between).
+	beforeCreate func(wire.RRefID)
+	outstanding  atomic.Int64 // calls made and not yet completed
+	started      atomic.Int64 // calls made, ever: the shutdown barrier compares them
+	state        atomic.Int32
+	ready        chan struct{} // closed once the world is known
+	serveCtx     context.Context
+	stopServing  context.CancelFunc
+	shutdown     sync.Once
 
 	goneMu sync.Mutex
 	gone   []WorkerInfo // found gone while shutting down

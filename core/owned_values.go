@@ -120,6 +120,9 @@ func (h remoteHandler) ServeRPC(call *ServerCall) {
 	// The caller may stop waiting for the confirmation (its deadline): its call, and the slot
 	// it holds in this worker's service, end then; the value is still made, as torch's owner
 	// makes it, until the RRef is dropped.
+	if a.beforeCreate != nil {
+		a.beforeCreate(id)
+	}
 	ctx, stop := context.WithCancel(a.serveCtx)
 	slot, err := a.values.create(id, stop)
 	if err != nil {

@@ -209,3 +209,29 @@ func TestAnAbandonedRemoteCreationHoldsNoSlot(t *testing.T) {
 		t.Fatalf("owner keeps %d values; OnRRefDropped saw %v (values kept by the core are not the callback's)", owner.OwnedValues(), dropped)
 	}
 }
+
+// TestAReleaseBetweenTheForkCheckAndTheSlotLeavesNoValue: a release of the new RRef's only
+// fork applied after remoteHandler found the fork but before it published the value's slot
+// found nothing to drop; the handler looks again and drops the slot, instead of keeping a value
+// nothing would ever release.
+func TestAReleaseBetweenTheForkCheckAndTheSlotLeavesNoValue(t *testing.T) {
+	handlers := map[string]Handler{"one": Func(func(context.Context) (int, error) { return 1, nil })}
+	caller, owner := startPair(t, handlers)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id := caller.NewRRefID()
+	fork := wire.ForkID(caller.NewRRefID())
+	if err := caller.AddFork(ctx, 1, id, fork, 0); err != nil {
+		t.Fatal(err)
+	}
+	owner.beforeCreate = func(wire.RRefID) {
+		owner.applyRefOps([]wire.RefOp{{Kind: wire.RefRelease, RRef: id, Fork: fork, Holder: caller.self.ID, HolderEpoch: caller.epoch}})
+	}
+	_, err := caller.Call(ctx, "w1", RemoteMethod, remoteRequest(t, id, "one"))
+	if err == nil || !strings.Contains(err.Error(), "released before it was made") {
+		t.Fatalf("remote() whose fork was released meanwhile: err = %v", err)
+	}
+	if n := owner.OwnedValues(); n != 0 {
+		t.Fatalf("the owner keeps %d values no fork holds", n)
+	}
+}

@@ -173,6 +173,26 @@ def test_options_defaults_match_torch():
     assert (custom.num_worker_threads, custom.rpc_timeout, custom.init_method) == (4, 2.5, "tcp://h:1")
 
 
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"num_worker_threads": 0}, RuntimeError, "num_worker_threads must be positive, got 0"),
+    ({"num_worker_threads": "4"}, TypeError, "num_worker_threads must be an int, got str '4'"),
+    ({"num_worker_threads": True}, TypeError, "num_worker_threads must be an int, got bool True"),
+    ({"rpc_timeout": "5"}, TypeError, "rpc_timeout must be a number of seconds, got str '5'"),
+    ({"rpc_timeout": None}, TypeError, "rpc_timeout must be a number of seconds, got NoneType None"),
+    ({"rpc_timeout": -5}, RuntimeError, "RPC Timeout must be non-negative"),
+    ({"rpc_timeout": float("nan")}, RuntimeError, "RPC Timeout must be non-negative"),
+    ({"init_method": 5}, TypeError, "init_method must be a str, got int 5"),
+    ({"max_message_size": "9"}, TypeError, "max_message_size must be an int, got str '9'"),
+    ({"max_message_size": 0}, ValueError, "max_message_size must be a positive number of bytes, got 0"),
+    ({"token": 123}, TypeError, "token must be a str or None, got int 123"),
+    ({"tls_cert": b"x", "tls_key": "k", "tls_ca": "c"}, TypeError, "tls_cert must be a str or None, got bytes b'x'"),
+])
+def test_bad_options_are_refused_naming_the_option(kwargs, error, words):
+    with pytest.raises(error) as raised:
+        rpc.TensorPipeRpcBackendOptions(**kwargs)
+    assert str(raised.value) == words
+
+
 def test_backend_type():
     assert rpc.BackendType.TENSORPIPE in list(rpc.BackendType)
     assert repr(rpc.BackendType.TENSORPIPE) == "BackendType.TENSORPIPE"

@@ -14,6 +14,8 @@ import functools
 import itertools
 import json
 import logging
+import math
+import numbers
 import os
 import threading
 import time
@@ -86,6 +88,21 @@ def function_call(func: Callable[..., Any], args: Optional[Tuple[Any, ...]], kwa
     # Passed as given, as torch does: arguments of the wrong kind fail on the callee, with
     # Python's own TypeError from the call.
     return func, () if args is None else args, {} if kwargs is None else kwargs
+
+
+def call_timeout(timeout: Any, default: float) -> float:
+    """A call's timeout in seconds, checked before anything is sent: ``default`` (the agent's
+    rpc_timeout) for a negative one, as torch's UNSET_RPC_TIMEOUT; 0 or infinity for none. A
+    value that is no number of seconds (text, None, NaN, which torch takes for a negative
+    deadline and fails, or hangs on) is refused, naming it."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+    seconds = float(timeout)
+    if math.isnan(seconds):
+        raise ValueError("timeout must be a number of seconds, got nan")
+    if seconds < 0:
+        return default
+    return 0.0 if math.isinf(seconds) else seconds
 
 
 def _to_ms(seconds: float) -> int:
@@ -639,6 +656,7 @@ class TensorPipeAgent(RpcAgent):
         """Run ``call`` on worker ``dest`` and keep the result there as an RRef. Returns the
         RRef's id, the id of this worker's fork (already registered with ``dest``), and the
         future of the creation."""
+        timeout = self._timeout(timeout)  # a bad one is refused before any fork exists
         rref_id, fork_id = self.new_id(), self.new_id()
         self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
         try:
@@ -651,11 +669,12 @@ class TensorPipeAgent(RpcAgent):
     def remote_function(self, dest: WorkerInfo, fn: crosslang.RemoteFunction, args: Optional[Tuple[Any, ...]], kwargs: Optional[Dict[str, Any]], timeout: float) -> Tuple[Id, Id, _CallFuture]:
         """``remote()`` of a function ``dest`` serves by name: as :meth:`remote`, but the value
         is kept by ``dest``'s Go agent, in msgpack (see crosslang)."""
+        timeout = self._timeout(timeout)  # a bad one is refused before any fork exists
         rref_id, fork_id = self.new_id(), self.new_id()
         segments = crosslang.encode_remote(rref_id, fn, args, kwargs)
         self.add_fork(dest.id, rref_id, fork_id, holder=self.info.id)
         try:
-            fut = _InternalCallFuture(self, dest.name, self._timeout(timeout), prefixed=False, function=fn.name)
+            fut = _InternalCallFuture(self, dest.name, timeout, prefixed=False, function=fn.name)
             creation = self._call(dest, _go.RemoteMethod, segments, fut)
         except BaseException:
             self.release_fork(dest.id, rref_id, fork_id)
@@ -716,7 +735,7 @@ class TensorPipeAgent(RpcAgent):
 
     def _timeout(self, timeout: float) -> float:
         """A call's timeout in seconds: negative means the agent's rpc_timeout, 0 none."""
-        return self.rpc_timeout if timeout < 0 else timeout
+        return call_timeout(timeout, self.rpc_timeout)
 
     def _call(self, dest: WorkerInfo, method: str, segments: List[Any], fut: "_CallFuture") -> "_CallFuture":
         """Send the message of ``segments`` to ``method`` on ``dest``; ``fut`` gets the reply."""

@@ -30,6 +30,30 @@ def _device(device: DeviceType) -> str:
     return f"{kind}:{index or 0}"
 
 
+def _int_option(name: str, value: Any) -> int:
+    """``value`` if it is an int (not a bool, not text that reads as one), else TypeError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _text_option(name: str, value: Any) -> Optional[str]:
+    """``value`` if it is a str or None, else TypeError."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _rpc_timeout(value: Any) -> float:
+    """A timeout in seconds: a number, not negative (0: none). torch's words when it is not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"rpc_timeout must be a number of seconds, got {type(value).__name__} {value!r}")
+    timeout = float(value)
+    if not timeout >= 0:  # NaN too
+        raise RuntimeError("RPC Timeout must be non-negative")
+    return timeout
+
+
 class RpcBackendOptions:
     """Options every backend has: the default RPC timeout and the rendezvous URL."""
 
@@ -38,7 +62,9 @@ class RpcBackendOptions:
         rpc_timeout: float = constants.DEFAULT_RPC_TIMEOUT_SEC,
         init_method: str = constants.DEFAULT_INIT_METHOD,
     ) -> None:
-        self.rpc_timeout = float(rpc_timeout)
+        self.rpc_timeout = _rpc_timeout(rpc_timeout)
+        if not isinstance(init_method, str):
+            raise TypeError(f"init_method must be a str, got {type(init_method).__name__} {init_method!r}")
         self.init_method = init_method
 
 
@@ -111,16 +137,19 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         tls_ca: Optional[str] = None,
     ) -> None:
         super().__init__(rpc_timeout, init_method)
-        if int(max_message_size) < 1:
-            raise ValueError(f"max_message_size must be positive, got {max_message_size}")
-        self.max_message_size = int(max_message_size)
-        self.token = token
+        # Every option is checked before any is kept: a refused one leaves nothing half set.
+        if _int_option("num_worker_threads", num_worker_threads) < 1:
+            raise RuntimeError(f"num_worker_threads must be positive, got {num_worker_threads}")  # torch's words
+        if _int_option("max_message_size", max_message_size) < 1:
+            raise ValueError(f"max_message_size must be a positive number of bytes, got {max_message_size}")
+        for name, value in (("token", token), ("tls_cert", tls_cert), ("tls_key", tls_key), ("tls_ca", tls_ca)):
+            _text_option(name, value)
         if any((tls_cert, tls_key, tls_ca)) and not all((tls_cert, tls_key, tls_ca)):
             raise ValueError("TLS needs all of tls_cert, tls_key and tls_ca")
+        self.num_worker_threads = num_worker_threads
+        self.max_message_size = max_message_size
+        self.token = token
         self.tls_cert, self.tls_key, self.tls_ca = tls_cert, tls_key, tls_ca
-        if int(num_worker_threads) < 1:
-            raise ValueError(f"num_worker_threads must be at least 1, got {num_worker_threads}")
-        self.num_worker_threads = int(num_worker_threads)
         self.device_maps: Dict[str, Dict[str, str]] = {}
         for to, device_map in (device_maps or {}).items():
             self.set_device_map(to, device_map)

@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Callable, Dict, Generic, Optional, Tuple, TypeVar, cast
 
 from . import constants
-from ._agent import FunctionCall, TensorPipeAgent, _CallFuture, current_agent, current_agent_or_not_set, function_call
+from ._agent import FunctionCall, TensorPipeAgent, _CallFuture, call_timeout, current_agent, current_agent_or_not_set, function_call
 from ._owner_table import Id
 from .crosslang import RemoteFunction
 from .futures import Future
@@ -127,14 +127,13 @@ class PyRRef:
     def to_here(self, timeout: float = constants.UNSET_RPC_TIMEOUT) -> Any:
         """Copy the value from the owner and return it (on the owner, the value itself).
         Raises the error its creation raised."""
+        timeout = call_timeout(timeout, self._agent.rpc_timeout)
         if self.is_owner() and self._function is None:
             return self.local_value()
         if not self._agent.running:
             # Its fork went with this worker's shutdown: a value cached with its creation is
             # not answered from either (torch's words).
             raise self._deleted_error("to_here()")
-        if timeout < 0:
-            timeout = self._agent.rpc_timeout
         started = time.monotonic()
         creation = self._creation
         if creation is not None and creation.done():

@@ -146,3 +146,31 @@ def remote_to_here_value():
 @scenario
 def remote_timeout():
     return harness.rpc.remote("w1", sleep_then, args=(2, "late"), timeout=0.3).to_here()
+
+
+BAD_TIMEOUT = "the error names the timeout and what it got; torch's is pybind11's list of signatures"
+
+
+@differs(BAD_TIMEOUT, ours="TypeError: timeout must be a number of seconds, got str '1'")
+def timeout_as_text():
+    return harness.rpc.rpc_sync("w1", operator.add, args=(2, 3), timeout="1")
+
+
+@differs(BAD_TIMEOUT, ours="TypeError: timeout must be a number of seconds, got NoneType None")
+def timeout_none():
+    return harness.rpc.rpc_async("w1", operator.add, args=(2, 3), timeout=None).wait()
+
+
+@differs("torch takes NaN for a deadline already past and fails the call naming a timeout of -2147483648 ms; we refuse it before sending", ours="ValueError: timeout must be a number of seconds, got nan")
+def timeout_nan():
+    return harness.rpc.rpc_sync("w1", operator.add, args=(2, 3), timeout=float("nan"))
+
+
+@differs("torch's to_here() of a remote() given a NaN timeout never returns; we refuse it before sending", ours="ValueError: timeout must be a number of seconds, got nan", torch_hangs=True)
+def timeout_nan_remote():
+    return harness.rpc.remote("w1", operator.add, args=(2, 3), timeout=float("nan")).to_here()
+
+
+@scenario
+def timeout_zero_is_none():
+    return harness.rpc.rpc_sync("w1", sleep_then, args=(0.2, "slept"), timeout=0)

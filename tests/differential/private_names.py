@@ -150,6 +150,56 @@ def options_rpc_timeout_set():
     return (opts.rpc_timeout, opts.num_worker_threads)
 
 
+@scenario
+def options_num_worker_threads_zero():
+    return harness.rpc.TensorPipeRpcBackendOptions(num_worker_threads=0)
+
+
+@scenario
+def options_num_worker_threads_negative():
+    return harness.rpc.TensorPipeRpcBackendOptions(num_worker_threads=-3)
+
+
+@differs("the error names the option and what it got; torch's is pybind11's list of signatures", ours="TypeError: num_worker_threads must be an int, got str '4'")
+def options_num_worker_threads_text():
+    return harness.rpc.TensorPipeRpcBackendOptions(num_worker_threads="4")
+
+
+@differs("the error names the option and what it got; torch's is pybind11's list of signatures", ours="TypeError: num_worker_threads must be an int, got float 4.0")
+def options_num_worker_threads_float():
+    return harness.rpc.TensorPipeRpcBackendOptions(num_worker_threads=4.0)
+
+
+@scenario
+def options_rpc_timeout_negative():
+    return harness.rpc.TensorPipeRpcBackendOptions(rpc_timeout=-5)
+
+
+@scenario
+def options_rpc_timeout_nan():
+    return harness.rpc.TensorPipeRpcBackendOptions(rpc_timeout=float("nan"))
+
+
+@scenario
+def options_rpc_timeout_infinite():
+    return harness.rpc.TensorPipeRpcBackendOptions(rpc_timeout=float("inf")).rpc_timeout
+
+
+@differs("the error names the option and what it got; torch's is pybind11's list of signatures", ours="TypeError: rpc_timeout must be a number of seconds, got str '5'")
+def options_rpc_timeout_text():
+    return harness.rpc.TensorPipeRpcBackendOptions(rpc_timeout="5")
+
+
+@differs("the error names the option and what it got; torch's is pybind11's list of signatures", ours="TypeError: rpc_timeout must be a number of seconds, got NoneType None")
+def options_rpc_timeout_none():
+    return harness.rpc.TensorPipeRpcBackendOptions(rpc_timeout=None)
+
+
+@differs("the error names the option and what it got; torch's is pybind11's list of signatures", ours="TypeError: init_method must be a str, got int 5")
+def options_init_method_not_text():
+    return harness.rpc.TensorPipeRpcBackendOptions(init_method=5)
+
+
 @differs("device maps keep the device names given (CPU only); torch makes torch.device objects, which would need torch imported", ours="ok {'w1': {'cpu': 'cpu'}}")
 def options_set_device_map_cpu():
     opts = harness.rpc.TensorPipeRpcBackendOptions()

@@ -27,22 +27,12 @@ type Call struct {
 	// switches and a GIL hand-off.
 	notifyMu  sync.Mutex
 	notifyID  int64
-	later     bool // the event may wait for settleLater (NotifyLater)
 	completed bool
 	settled   bool // a Wait reported the call done: Python takes the outcome itself
 	posted    bool // the completion event went out
 	waiters   int  // threads in Wait
 	eventOwed bool // the call completed while a thread waited; no event went out
 }
-
-// settleLater is how long the event of a call asked for with NotifyLater waits for a thread
-// to settle the call itself. It is longer than a thread takes to make a few hundred calls
-// before it waits for them, and short enough that a torch function waiting in ways
-// tensorplay_rpc cannot see is held up at most that long.
-var settleLater = 10 * time.Millisecond
-
-// SetSettleLater sets settleLater, in milliseconds (tests).
-func SetSettleLater(ms int) { settleLater = time.Duration(ms) * time.Millisecond }
 
 // Wait waits up to timeoutMs for the call; it reports whether the call has completed and no
 // longer uses the request's memory. When it reports true, the caller must take the outcome
@@ -76,44 +66,12 @@ func (c *Call) Wait(timeoutMs int, interruptible bool) bool {
 func (c *Call) Notify(notifyID int64) {
 	c.notifyMu.Lock()
 	c.notifyID = notifyID
-	c.later = false
 	post := c.completed && !c.posted && !c.settled
 	c.posted = c.posted || post
 	c.notifyMu.Unlock()
 	if post {
 		c.postDone(notifyID)
 	}
-}
-
-// NotifyLater is Notify for a call that a thread of Python's usually settles itself, but that
-// torch's functions may wait on in ways Python cannot see (a torch future): the event goes out
-// settleLater after the call completes, and only if no thread settled it meanwhile. An event
-// at once would wake the event thread to take the GIL from the thread making the calls
-// (measured with 64 calls in flight: 2.7 context switches a call against 1.2, and a third fewer
-// calls a second). Notify, called later, sends it at once.
-func (c *Call) NotifyLater(notifyID int64) {
-	c.notifyMu.Lock()
-	c.notifyID = notifyID
-	c.later = true
-	completed := c.completed
-	c.notifyMu.Unlock()
-	if completed {
-		c.postLater(notifyID)
-	}
-}
-
-// postLater posts the completion event settleLater from now unless a thread settled the call
-// or Notify posted the event meanwhile.
-func (c *Call) postLater(notifyID int64) {
-	time.AfterFunc(settleLater, func() {
-		c.notifyMu.Lock()
-		post := !c.settled && !c.posted
-		c.posted = c.posted || post
-		c.notifyMu.Unlock()
-		if post {
-			c.postDone(notifyID)
-		}
-	})
 }
 
 func (c *Call) wait(timeoutMs int, interruptible bool) bool {
@@ -245,14 +203,10 @@ func (a *Agent) Call(to int, method string, table uintptr, nseg int, borrow bool
 		c.completed = true
 		notifyID := c.notifyID
 		notify := notifyID > 0 && c.waiters == 0
-		later := c.later
-		c.posted = c.posted || (notify && !later)
+		c.posted = c.posted || notify
 		c.eventOwed = notifyID > 0 && c.waiters > 0
 		c.notifyMu.Unlock()
-		switch {
-		case notify && later:
-			c.postLater(notifyID)
-		case notify:
+		if notify {
 			c.postDone(notifyID)
 		}
 		c.done.fire()

@@ -28,7 +28,7 @@ from ._native import pybind as _go
 from ._owner_table import Id, OwnerTable
 from .constants import WAIT_SLICE_S
 from .functions import Deferred, run_function
-from .futures import Future, is_torch_future, run_on_callback_thread, wait_all, wait_for_callbacks
+from .futures import Future, run_on_callback_thread, wait_all, wait_for_callbacks
 from .internal import FrameworkError, RemoteException, exception_text, deserialize, serialize
 from .options import TensorPipeRpcBackendOptions
 from .worker_info import WorkerInfo
@@ -234,8 +234,7 @@ class _CallFuture(Future[Any]):
         self._prefixed = prefixed  # a remote error's message starts with its type (to_exception)
         self.timed_out = False  # set once the call failed for want of an answer in time
         self._go_call: Any = None
-        self._notify_id = 0  # set once a callback asks for the completion event
-        self._notify_later = False  # it was asked for with NotifyLater
+        self._notify_id = 0  # set once a callback or a torch wait asks for the completion event
         # A big request is sent from its buffers in place: they live until the call is done.
         self._table: Optional[SegmentTable] = None
         self._settle_lock = threading.Lock()
@@ -243,11 +242,10 @@ class _CallFuture(Future[Any]):
     def _attach(self, go_call: Any, table: Optional[SegmentTable]) -> None:
         """Hold the Go call (and the buffers it borrows) until the reply is settled."""
         self._go_call, self._table = go_call, table
-        if is_torch_future(self):
-            # torch's functions wait on the torch state, which only settling fills: the event
-            # thread settles the call if no Python thread here has settled it soon after it
-            # completed (torch's waits that tensorplay_rpc sees ask for it at once).
-            self._notify_when_done(later=True)
+        # A torch-flavoured future's torch state is filled when the call is settled: by the
+        # thread that waits, or, for torch's own waits (collect_all, wait_all, jit.wait),
+        # which tell it first (futures._hook_torch_waits), by the event thread. Nothing is
+        # asked of the event thread for a call nobody waits on that way.
 
     def add_done_callback(self, callback: Callable[[Future[Any]], None]) -> None:
         """Run ``callback(self)`` once this future completes; errors it raises are logged."""
@@ -270,27 +268,22 @@ class _CallFuture(Future[Any]):
             pass
 
     def _before_torch_wait(self, blocking: bool) -> None:
-        """A torch function is about to wait on this future's torch state (see Future)."""
-        if blocking:
-            super()._before_torch_wait(blocking)
-        else:
+        """A torch function is about to wait on this future's torch state (see Future): one
+        that does not block has the event thread settle the call once it completes."""
+        super()._before_torch_wait(blocking)
+        if not blocking:
             self._notify_when_done()
 
-    def _notify_when_done(self, later: bool = False) -> None:
-        """Have the event thread settle the call once it completes (with ``later``, only if no
-        thread has settled it a while after)."""
+    def _notify_when_done(self) -> None:
+        """Have the event thread settle the call once it completes."""
         with self._settle_lock:
             go_call = self._go_call
-            if go_call is None or (self._notify_id and (later or not self._notify_later)):
+            if go_call is None or self._notify_id:
                 return
-            first = not self._notify_id
-            if first:
-                self._notify_id = next(self._agent._notify_ids)
-            self._notify_later = later
-        if first:
-            with self._agent._pending_lock:
-                self._agent._pending[self._notify_id] = self
-        (go_call.NotifyLater if later else go_call.Notify)(self._notify_id)
+            self._notify_id = next(self._agent._notify_ids)
+        with self._agent._pending_lock:
+            self._agent._pending[self._notify_id] = self
+        go_call.Notify(self._notify_id)
 
     def done(self) -> bool:
         """Whether the future has a result or an exception."""

@@ -377,20 +377,17 @@ def metrics(rank, world_size):
     return out
 
 
-def torch_waits(rank, world_size, settle_later_ms, unwaited_for_s):
+def torch_waits(rank, world_size):
     """torch imported before init_rpc: the futures of calls are torch futures, whose torch state
-    only settling fills. With no thread of ours waiting, the event thread settles a call
-    settle_later_ms after it completes; torch's own waits (wait_all and collect_all through
-    torch._C._collect_all, torch.jit.wait through torch._C.wait) ask for it at once, even when
-    imported from torch before init_rpc. With unwaited_for_s, a call no one waits on is watched
-    that long for its torch state to be filled."""
+    is filled only once torch looks. torch's own waits (wait_all and collect_all through
+    torch._C._collect_all, torch.jit.wait through torch._C.wait) tell the futures first, even
+    when imported from torch before init_rpc, and get their values, whether the calls are still
+    under way or long complete; no thread of ours waits on any of them."""
     import torch
     from torch.futures import collect_all as torch_collect_all
     from torch.futures import wait_all as torch_wait_all
     from torch.jit import wait as jit_wait
-    from tensorplay_rpc._native import pybind as _go
 
-    _go.SetSettleLater(int(settle_later_ms))
     init(rank, world_size)
     out = {}
     if rank == 0:
@@ -399,13 +396,12 @@ def torch_waits(rank, world_size, settle_later_ms, unwaited_for_s):
         collected = torch_collect_all([rpc.rpc_async("worker1", add, args=(i, 200)) for i in range(8)])
         out["collect_all"] = [f.value() for f in collected.wait()]
         out["jit_wait"] = jit_wait(rpc.rpc_async("worker1", add, args=(1, 2)))
-        if float(unwaited_for_s) > 0:
-            # No one waits: the event thread fills torch's state on its own.
-            unwaited = rpc.rpc_async("worker1", add, args=(3, 4))
-            start = time.monotonic()
-            while not torch._C.Future.done(unwaited) and time.monotonic() - start < float(unwaited_for_s):
-                time.sleep(0.01)
-            out["unwaited"] = torch._C.Future.value(unwaited) if torch._C.Future.done(unwaited) else None
+        # Complete long before torch looks: no one settled them, and nothing is lost.
+        done_before = [rpc.rpc_async("worker1", add, args=(i, 300)) for i in range(8)]
+        time.sleep(0.5)
+        out["torch_state_before_looking"] = sum(torch._C.Future.done(f) for f in done_before)
+        out["wait_all_late"] = torch_wait_all(done_before)
+        out["is_torch_future"] = isinstance(done_before[0], torch.futures.Future)
     rpc.shutdown()
     return out
 

@@ -1,7 +1,7 @@
 """tensorplay_rpc: the ``tensorplay.distributed.rpc`` API on a Go agent.
 
 Workers call functions on each other with :func:`rpc_sync`, :func:`rpc_async` and
-:func:`remote` after :func:`init_rpc`; see the README for an example.
+:func:`remote` after :func:`init_rpc`; see the README (and docs/getting-started.md) for an example.
 
 This module only re-exports. Modules import each other in one direction, all at module top
 (docs/ARCHITECTURE.md, "Python package")::

@@ -18,12 +18,13 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench fuzz soak scale scale-mesh clean
+.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench fuzz soak scale scale-mesh check clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make demo-go  a Python worker and a Go worker calling each other by name"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
+	@echo "make check  the edit loop's tier: vet, gofmt, mypy, Go tests without -race, Python tests with no world (under 3 minutes)"
 	@echo "make bench  tensorplay_rpc (shm and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
 	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 3 million runs each"
 	@echo "make soak   a 10-minute soak of a world of 4"
@@ -110,6 +111,13 @@ typecheck: deps
 	cd python && mypy --strict --config-file ../pyproject.toml --python-executable $(PYTHON_SYSTEM) tensorplay_rpc
 
 test: vet typecheck test-go test-python
+
+# The edit loop's tier, under 3 minutes: vet, gofmt, mypy, the Go tests without -race, and the
+# Python tests that start no world of processes. `make test` is what CI runs.
+check: vet typecheck install
+	go test -count=1 -timeout 10m ./...
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider test_api_objects.py test_docs.py \
+		-k "not test_every_code_block_of_the_page_runs"
 
 demo: install
 	$(PY) tests/demo.py

@@ -26,8 +26,11 @@
 //   - wire: the Frame every transport carries and its msgpack encoding;
 //   - transport: the Transport and Stream interfaces, and transport.InmemNetwork, into whose
 //     traffic tests inject faults (frames dropped, delayed or held; links partitioned);
-//   - transport/grpctransport: the transport of real worlds, one long-lived bidirectional
-//     gRPC stream per (caller, callee) pair carrying frames multiplexed by call id;
+//   - transport/shmtransport: the transport between workers on one host: sealed memfd
+//     regions with two lanes of rings per direction, big messages lent or landed in place;
+//   - transport/grpctransport: the transport between hosts, two long-lived bidirectional gRPC
+//     streams (lanes: small frames, big messages) per (caller, callee) pair on one connection,
+//     carrying frames multiplexed by call id;
 //   - rendezvous: the Store interface, rendezvous.MemStore (served by rank 0 over gRPC) and
 //     rendezvous.FileStore.
 //

@@ -291,3 +291,13 @@ def test_bad_transports_env_is_refused(monkeypatch):
     monkeypatch.setenv("TENSORPLAY_RPC_TRANSPORTS", "grpc,carrier-pigeon")
     with pytest.raises(ValueError, match="TENSORPLAY_RPC_TRANSPORTS.*carrier-pigeon"):
         rpc.TensorPipeRpcBackendOptions().transport_names()
+
+
+@pytest.mark.parametrize("combine", [rpc.collect_all, rpc.wait_all])
+def test_collect_all_and_wait_all_refuse_what_is_not_a_future(combine):
+    done = rpc.Future()
+    done.set_result(1)
+    with pytest.raises(TypeError) as raised:
+        combine([done, 2])
+    assert str(raised.value) == f"{combine.__name__}: futures[1] is of type int, not a Future"
+    assert not done._callbacks  # refused before any callback was added to the others

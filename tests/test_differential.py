@@ -1,7 +1,8 @@
 """The same scenarios on torch.distributed.rpc and on tensorplay_rpc give the same outcomes
 (issue 12). Each module of tests/differential runs in a world of real processes once per
 backend (tests/differential/harness.py); every scenario's outcome line must agree, except
-where a scenario says we differ on purpose, and why: then ours must be the one it names."""
+where a scenario says we differ on purpose, and why: then ours must be the one it names. Both
+backends must give a line for every scenario, and a hang or a crash is never agreement."""
 
 import importlib
 import os
@@ -58,13 +59,51 @@ def test_same_outcomes_as_torch(module):
     ours = outcomes(module, sys.executable, "tensorplay_rpc")
     wrong = []
     for s in scenarios(module):
-        mine, torch_s = ours.get(s.name, "<missing>"), theirs.get(s.name, "<missing>")
-        if s.differs is not None:
-            ok = mine.startswith(s.ours)
-        elif s.type_only is not None:
-            ok = mine.split(":", 1)[0] == torch_s.split(":", 1)[0]
-        else:
-            ok = mine == torch_s
-        if not ok:
-            wrong.append(f"{s.name}\n  torch: {torch_s}\n  ours:  {mine}" + (f"\n  (differs on purpose, ours must start with: {s.ours})" if s.differs else ""))
+        mine, torch_s = ours.get(s.name), theirs.get(s.name)
+        why = agreement_failure(s, mine, torch_s)
+        if why:
+            wrong.append(f"{s.name}: {why}\n  torch: {torch_s}\n  ours:  {mine}" + (f"\n  (differs on purpose, ours must start with: {s.ours})" if s.differs else ""))
     assert not wrong, "\n".join(wrong)
+
+
+def failed_to_run(line: str) -> bool:
+    """Whether an outcome line says the scenario gave no outcome: it hung, or its process died."""
+    return line.startswith("hangs:") or line.startswith("died with exit code")
+
+
+def agreement_failure(s, mine, torch_s) -> str:
+    """Why a scenario's outcomes do not count as agreeing, or "". Both backends must report
+    it (a line missing from both is no agreement), and a hang or a crash is a failure on either
+    side, unless the scenario declares torch's (and ours then differs, as it says)."""
+    if mine is None or torch_s is None:
+        return "no outcome line from " + " and ".join(n for n, line in (("torch", torch_s), ("ours", mine)) if line is None)
+    if failed_to_run(mine):
+        return "ours gave no outcome"
+    if failed_to_run(torch_s) and not s.torch_hangs:
+        return "torch gave no outcome, and the scenario does not say that is torch's"
+    if s.torch_hangs and torch_s != "not run: torch hangs":
+        return "declared to hang on torch, but torch ran it"
+    if s.differs is not None:
+        return "" if mine.startswith(s.ours) else "ours is not what the scenario says we give"
+    if s.type_only is not None:
+        return "" if mine.split(":", 1)[0] == torch_s.split(":", 1)[0] else "the exception types differ"
+    return "" if mine == torch_s else "the outcomes differ"
+
+
+def test_agreement_needs_two_outcomes_and_no_hang():
+    from harness import Scenario
+
+    plain = Scenario("s", lambda: None)
+    hangs_on_torch = Scenario("h", lambda: None, "torch hangs", "ok 1", torch_hangs=True)
+    cases = [
+        (plain, "ok 1", "ok 1", False),
+        (plain, None, None, True),  # missing from both is no agreement
+        (plain, "ok 1", None, True),
+        (plain, "hangs: no outcome in 20 s", "hangs: no outcome in 20 s", True),  # a shared hang
+        (plain, "died with exit code 1", "died with exit code 1", True),  # a shared crash
+        (plain, "ok 1", "died with exit code -9", True),
+        (hangs_on_torch, "ok 1", "not run: torch hangs", False),
+        (hangs_on_torch, "hangs: no outcome in 20 s", "not run: torch hangs", True),
+    ]
+    for s, mine, theirs, fails in cases:
+        assert bool(agreement_failure(s, mine, theirs)) == fails, (s.name, mine, theirs)

@@ -103,3 +103,25 @@ def test_the_api_reference_names_every_public_name() -> None:
     layers = {f"{m}.{n}" for m in ("autograd", "optim", "nn") for n in importlib.import_module(f"tensorplay_rpc.{m}").__all__}
     expected = set(tensorplay_rpc.__all__) | layers | {"RRef.backward"}
     assert headings == expected, f"missing: {sorted(expected - headings)}; not there: {sorted(headings - expected)}"
+
+
+def test_the_architecture_page_names_every_file() -> None:
+    """The map cannot drift: every Go file of core/ and pybind/ (those directly in core/ by
+    name, the others as package/file.go) and every module of the package is on the page."""
+    text = open(os.path.join(DOCS, "ARCHITECTURE.md")).read()
+    missing = []
+    for top in ("core", "pybind"):
+        for directory, _, files in os.walk(os.path.join(REPO, top)):
+            for name in files:
+                if not name.endswith(".go") or name.endswith("_test.go"):
+                    continue
+                parent = os.path.basename(directory)
+                wanted = name if parent == "core" else f"{parent}/{name}"
+                if wanted not in text:
+                    missing.append(os.path.relpath(os.path.join(directory, name), REPO))
+    package = os.path.join(REPO, "python", "tensorplay_rpc")
+    for name in os.listdir(package):
+        module = name[:-3]
+        if name.endswith(".py") and name != "__init__.py" and not re.search(rf"(?<![\w.]){re.escape(module)}(?!\w)", text):
+            missing.append(f"python/tensorplay_rpc/{name}")
+    assert not missing, f"docs/ARCHITECTURE.md does not name: {sorted(missing)}"

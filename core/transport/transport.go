@@ -1,5 +1,7 @@
 // Package transport is how agents reach each other: the Transport and Stream interfaces every
-// transport implements, and an in-memory one for tests ([InmemNetwork]).
+// transport implements (shared memory on one host, package shmtransport; gRPC between hosts,
+// package grpctransport), the Chooser that picks one per peer, and an in-memory one for tests
+// ([InmemNetwork]).
 package transport
 
 import (

@@ -423,8 +423,7 @@ _CALL_ERRORS: Dict[int, str] = {
 
 # The reply to a remote() confirms the creation: None, or the value itself in a 1-tuple if it
 # is immutable and small. Such a value cannot change on its owner, so to_here() returns it
-# without a second round trip (measured: remote()+to_here() 412 -> ... us); a fetch would send
-# the same bytes.
+# without a second round trip; a fetch would send the same bytes.
 _INLINE_MAX = 1024  # characters, bytes, or bytes of an int; items of a tuple: 64
 
 

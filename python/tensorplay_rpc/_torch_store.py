@@ -92,6 +92,9 @@ class TorchMeeting:
         while True:
             try:
                 self.store.wait([self.key], _SLICE)
+                # In the same slices: torch 1.13's wait leaves its timeout on the client's
+                # socket, and a get the loaded server answers later than that fails.
+                addr: str = self.store.get(self.key).decode()
                 break
             except RuntimeError as e:
                 if time.monotonic() >= deadline:
@@ -101,7 +104,6 @@ class TorchMeeting:
                         f"running, with torch imported or {RENDEZVOUS_ENV}=torch? Every rank must meet the "
                         f"same way: set {RENDEZVOUS_ENV} alike on all)"
                     ) from e
-        addr: str = self.store.get(self.key).decode()
         self._let_go()
         return f"tcp://{addr}"
 

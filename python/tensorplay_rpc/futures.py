@@ -525,6 +525,16 @@ def adopt(future: Any) -> Future[Any]:
     return adopted
 
 
+def _adopt_all(futures: List[Any], where: str) -> List[Future[Any]]:
+    """``futures`` adopted (adopt), once every one is shown to be a future: anything else is
+    refused, naming it, before any callback is added to the others."""
+    for i, f in enumerate(futures):
+        # Ours, or torch's (whatever made it: any future with these methods is adopted).
+        if not isinstance(f, Future) and not (callable(getattr(f, "add_done_callback", None)) and callable(getattr(f, "wait", None))):
+            raise TypeError(f"{where}: futures[{i}] is of type {type(f).__name__}, not a Future")
+    return [adopt(f) for f in futures]
+
+
 def is_torch_future(value: Any) -> bool:
     """Whether ``value`` is a torch future (one of ours made so by use_torch_futures, or
     torch's own)."""
@@ -549,7 +559,7 @@ def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
     """A future that completes once all of ``futures`` have: with their list, or, as torch's,
     with the error of the first of them (in list order) that failed."""
     given = list(futures)
-    futures = [adopt(f) for f in given]
+    futures = _adopt_all(given, "collect_all")
     combined: Future[List[Future[Any]]] = Future()
     combined._sources = tuple(futures)
     remaining = [len(futures)]
@@ -579,7 +589,7 @@ def collect_all(futures: List[Future[Any]]) -> Future[List[Future[Any]]]:
 def wait_all(futures: List[Future[Any]]) -> List[Any]:
     """Wait for every future and return their values; once all are done, raises the error of
     the first (in list order) that failed."""
-    futures = [adopt(f) for f in futures]
+    futures = _adopt_all(list(futures), "wait_all")
     # Each in turn, not through collect_all: its callback on each future would queue behind
     # the future's own callbacks, which may wait for a lock this thread holds.
     for fut in futures:

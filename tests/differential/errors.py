@@ -67,7 +67,7 @@ def key_error():
     return sync(raise_, KeyError("missing"))
 
 
-@differs(KEEPS_TYPE, ours="CustomError: CustomError: On WorkerInfo(id=1, name=w1):\\nCustomError('mine')\\nTraceback (most recent call last):\\n  ...\\nerrors.CustomError: mine\\n")
+@differs(KEEPS_TYPE, ours="CustomError: CustomError: On WorkerInfo(id=1, name=w1):\\nCustomError('mine')\\nTraceback (most recent call last):\\n  ...\\nCustomError: mine\\n")
 def custom_class():
     return sync(raise_, CustomError("mine"))
 
@@ -81,7 +81,7 @@ def custom_class_is_caught_by_type():
 
 
 @differs(KEEPS_TYPE + "; a class whose __init__ wants more than the message is made without it (torch raises its __init__'s TypeError)",
-         ours="TwoArgError: TwoArgError: On WorkerInfo(id=1, name=w1):\\nTwoArgError('a', 'b')\\nTraceback (most recent call last):\\n  ...\\nerrors.TwoArgError: ('a', 'b')\\n")
+         ours="TwoArgError: TwoArgError: On WorkerInfo(id=1, name=w1):\\nTwoArgError('a', 'b')\\nTraceback (most recent call last):\\n  ...\\nTwoArgError: ('a', 'b')\\n")
 def two_argument_class():
     return sync(raise_, TwoArgError("a", "b"))
 
@@ -161,7 +161,7 @@ def callee_alive_after_base_exceptions():
 
 @differs(
     "an exception class defined in a function travels by value, as functions do; torch cannot pickle it and reports that",
-    ours="LocalError: LocalError: On WorkerInfo(id=1, name=w1):\\nLocalError('local')\\nTraceback (most recent call last):\\n  ...\\nerrors.raise_local_class.<locals>.LocalError: local\\n",
+    ours="LocalError: LocalError: On WorkerInfo(id=1, name=w1):\\nLocalError('local')\\nTraceback (most recent call last):\\n  ...\\nraise_local_class.<locals>.LocalError: local\\n",
 )
 def local_class():
     return sync(raise_local_class)

@@ -43,7 +43,10 @@ backend: str = ""
 # Scenario modules run as every rank's ``__main__``, as a user's script is: their functions and
 # classes are ``__main__``'s, which both backends send by reference and resolve in the callee's
 # own ``__main__``.
-RUN_AS_MAIN = {"dist_autograd"}
+RUN_AS_MAIN = {"dist_autograd", "calls", "errors", "rrefs", "callbacks"}
+# Scenario modules that use the layers built on RPC (they import torch, which changes what our
+# futures are: the other modules run without it).
+LAYERS = {"dist_autograd"}
 
 WORLD_TIMEOUT_S = 60.0
 # A scenario of a WORLD = 0 module that gives no outcome in this time hangs.
@@ -239,7 +242,7 @@ def _run_alone(module_name: str, s: Scenario) -> str:
 
 def main(argv: List[str]) -> int:
     module_name, world_port = argv[1], int(argv[2])
-    _use_backend(argv[0], layers=module_name in RUN_AS_MAIN)
+    _use_backend(argv[0], layers=module_name in LAYERS)
     if len(argv) > 3 and argv[3] == "--peer":
         _peer(module_name, world_port, int(argv[4]), int(argv[5]), argv[6])
         return 0

@@ -1,6 +1,6 @@
 // Package shmtransport carries streams between agents on one host through shared memory, as
 // TensorPipe's shm transport does: a dialer connects to the listener's abstract Unix socket,
-// shows the world's token, and passes a sealed memfd region holding one ring per direction
+// shows the world's token, and passes a sealed memfd region holding two lanes of rings per direction
 // (SCM_RIGHTS). Frames are written into the rings once and read out once (a big chunk, where
 // the peer may read this process, is read once straight from its memory instead: lending.go); a
 // reader with nothing to read sleeps on the socket and is woken by one byte, so an idle stream

@@ -52,6 +52,9 @@ type Fault struct {
 	Delay time.Duration
 	// Hold, if not nil, holds each selected frame until it is closed, as Delay does.
 	Hold <-chan struct{}
+	// Duplicate delivers each selected frame twice, one copy right behind the other, as a
+	// link that retransmits what it already delivered would.
+	Duplicate bool
 }
 
 // Injected is a fault in force.
@@ -142,7 +145,7 @@ func (n *InmemNetwork) route(from, to string) (*InmemTransport, error) {
 }
 
 // fate is what the faults in force do to f, sent from one address to another.
-func (n *InmemNetwork) fate(from, to string, f *wire.Frame) (drop bool, delay time.Duration, holds []<-chan struct{}) {
+func (n *InmemNetwork) fate(from, to string, f *wire.Frame) (drop bool, delay time.Duration, holds []<-chan struct{}, duplicate bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, i := range n.faults {
@@ -155,8 +158,9 @@ func (n *InmemNetwork) fate(from, to string, f *wire.Frame) (drop bool, delay ti
 		if i.Hold != nil {
 			holds = append(holds, i.Hold)
 		}
+		duplicate = duplicate || i.Duplicate
 	}
-	return drop, delay, holds
+	return drop, delay, holds, duplicate
 }
 
 // InmemTransport is a Transport whose streams are in-memory queues with two lanes.
@@ -345,7 +349,7 @@ func (s *inmemStream) broken() bool {
 
 func (s *inmemStream) Send(f *wire.Frame) error {
 	p := s.out
-	drop, delay, holds := p.net.fate(p.from, p.to, f)
+	drop, delay, holds, duplicate := p.net.fate(p.from, p.to, f)
 	l := lane(f)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -376,6 +380,11 @@ func (s *inmemStream) Send(f *wire.Frame) error {
 		q.readyAt = p.lanes[l][n-1].readyAt // a lane keeps its order
 	}
 	p.lanes[l] = append(p.lanes[l], q)
+	if duplicate {
+		again := *f
+		q.f = &again
+		p.lanes[l] = append(p.lanes[l], q)
+	}
 	p.notify()
 	return nil
 }

@@ -276,7 +276,7 @@ func (a *Agent) applyRefOps(ops []wire.RefOp) {
 // now stay queued, to go with the next stream to it (a retry comes after refRetryDelay): the
 // owner is still in the world (one that left has its operations dropped with it, peer.leave),
 // and dropping them would leave its sequence behind the holder's for good.
-func (a *Agent) flushRefOps(ctx context.Context) (sent []<-chan struct{}) {
+func (a *Agent) flushRefOps(ctx context.Context) {
 	undelivered := false
 	for _, m := range a.world().byID {
 		p := m.peer
@@ -284,10 +284,8 @@ func (a *Agent) flushRefOps(ctx context.Context) (sent []<-chan struct{}) {
 			continue
 		}
 		c, err := p.connect(ctx)
-		var done <-chan struct{}
 		if err == nil {
-			done, err = c.writer.sendRefOps()
-			sent = append(sent, done)
+			err = c.writer.sendRefOps()
 		}
 		if err != nil {
 			undelivered = true
@@ -300,7 +298,6 @@ func (a *Agent) flushRefOps(ctx context.Context) (sent []<-chan struct{}) {
 			a.flushLateRefOps()
 		})
 	}
-	return sent
 }
 
 // refRetryDelay is how long reference operations an owner could not be sent wait before the

@@ -151,16 +151,12 @@ func (w *frameWriter) sendFrame(f *wire.Frame) error {
 	return err
 }
 
-// sendRefOps sends the queued reference operations that no request took along; the channel
-// returned is closed once the last of them is on the stream.
-func (w *frameWriter) sendRefOps() (<-chan struct{}, error) {
+// sendRefOps sends the queued reference operations that no request took along.
+func (w *frameWriter) sendRefOps() error {
 	for {
 		out, err := w.send(&wire.Frame{Kind: wire.FrameRefs}, Message{}, nil)
-		if err != nil {
-			return nil, err
-		}
-		if len(out.header.Refs) < wire.MaxBuffersPerMessage {
-			return out.sent, nil
+		if err != nil || len(out.header.Refs) < wire.MaxBuffersPerMessage {
+			return err
 		}
 	}
 }

@@ -148,7 +148,7 @@ func TestReferenceOperationsRideAhead(t *testing.T) {
 					t.Fatalf("frame %d (%v) carries %v; only frame %d should carry the operation", i, f.Kind, f.Refs, c.carrier)
 				}
 			}
-			if _, err := w.sendRefOps(); err != nil || len(s.sent) != len(c.wantKinds) {
+			if err := w.sendRefOps(); err != nil || len(s.sent) != len(c.wantKinds) {
 				t.Fatalf("with nothing queued, sendRefOps sent a frame (err %v)", err)
 			}
 		})

@@ -24,15 +24,8 @@ func TestABrokenStreamFailsItsPendingCallsAtOnce(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	handlers := map[string]core.Handler{
-		"echo": echo["echo"],
-		"block": core.HandlerFunc(func(ctx context.Context, req core.Message) (core.Message, error) {
-			serving.Add(1)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return req, nil
-		}),
+		"echo":  echo["echo"],
+		"block": blocking(&serving, release),
 	}
 	network := transport.NewInmemNetwork()
 	c := coretest.New(t, 2, coretest.Options{Handlers: handlers, Network: network})
@@ -63,4 +56,17 @@ func TestABrokenStreamFailsItsPendingCallsAtOnce(t *testing.T) {
 	if _, err := caller.Call(ctx, "w1", "echo", core.Message{Payload: []byte("again")}); err != nil {
 		t.Fatalf("the next call: %v", err)
 	}
+}
+
+// blocking is a handler that counts the calls it is serving in entered and answers each once
+// release is closed (or its call's context ends).
+func blocking(entered *atomic.Int64, release <-chan struct{}) core.Handler {
+	return core.HandlerFunc(func(ctx context.Context, req core.Message) (core.Message, error) {
+		entered.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return req, nil
+	})
 }

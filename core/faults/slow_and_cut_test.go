@@ -59,14 +59,7 @@ func TestACutDuringTheShutdownBarrierEndsNoOneHanging(t *testing.T) {
 	var entered atomic.Int64
 	release := make(chan struct{})
 	handlers := map[string]core.Handler{
-		"block": core.HandlerFunc(func(ctx context.Context, req core.Message) (core.Message, error) {
-			entered.Add(1)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return req, nil
-		}),
+		"block": blocking(&entered, release),
 	}
 	defer close(release)
 	network := transport.NewInmemNetwork()

@@ -6,7 +6,7 @@ Workers call functions on each other with :func:`rpc_sync`, :func:`rpc_async` an
 This module only re-exports. Modules import each other in one direction, all at module top
 (docs/ARCHITECTURE.md, "Python package")::
 
-    api ──> backend_registry ──> _agent ──> _native (Go; only _agent and _interrupts call it)
+    api ──> backend_registry ──> _agent ──> _native (Go; only _agent, _call_future, _go_logs and _interrupts call it)
      │                            ^  │
      └──> rref ──> rref_proxy ────┘  ├──> _owner_table, internal, _buffers
                                      └──> crosslang, functions, futures, options, worker_info, constants

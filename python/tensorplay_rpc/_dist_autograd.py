@@ -38,6 +38,8 @@ import queue
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
+from ._dist_recv import _dummy, _recv_function, _thread
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -60,8 +62,7 @@ __all__ = [
 # Ids are the worker id shifted above a per-worker count, as torch's are.
 _COUNT_BITS = 48
 
-# A receive node's key: (context id, sender id, message id, index of the tensor in the message).
-RecvKey = Tuple[int, int, int, int]
+
 
 
 class DistAutogradContext:
@@ -129,16 +130,6 @@ _lock = threading.Lock()
 _contexts: Dict[int, DistAutogradContext] = {}
 _context_counts = itertools.count(1)
 _message_counts = itertools.count(1)
-
-
-class _ThreadState(threading.local):
-    current: Optional[int] = None  # the context RPCs made on this thread are recorded in
-    receiving: Optional["_Receiving"] = None  # the envelope being unpickled on this thread
-    received: Optional[int] = None  # the context of the request last unpickled here
-    collector: Optional[List[Tuple[RecvKey, Any]]] = None  # gradients reaching receive nodes
-
-
-_thread = _ThreadState()
 
 
 def _worker_id() -> int:
@@ -407,62 +398,6 @@ def received_requiring_grad(tensor: Any) -> Any:
         state.ctx._receives += 1
     key = (state.ctx._context_id(), state.sender, state.message_id, index)
     return _recv_function().apply(_dummy(), tensor, key)
-
-
-_torch_parts: Dict[str, Any] = {}
-_torch_parts_lock = threading.Lock()
-
-
-def _recv_function() -> Any:
-    """_RecvRpcBackward, made once torch is needed (it is optional)."""
-    made = _torch_parts.get("recv")
-    if made is None:
-        with _torch_parts_lock:
-            made = _torch_parts.get("recv")
-            if made is None:
-                made = _torch_parts["recv"] = _make_recv_function()
-    return made
-
-
-def _make_recv_function() -> Any:
-    import torch
-
-    class _RecvRpcBackward(torch.autograd.Function):  # type: ignore[misc]  # torch is untyped here
-        """The receive side of a message: its output is the received tensor (sharing its
-        memory, not a view, so it may be changed in place); its backward hands the gradient
-        to the pass running on this thread, which sends it to the tensor's sender."""
-
-        @staticmethod
-        def forward(ctx: Any, dummy: Any, tensor: Any, key: RecvKey) -> Any:
-            ctx.key = key
-            return tensor.detach()
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Tuple[None, None, None]:
-            collector = _thread.collector
-            if collector is None:
-                raise RuntimeError(
-                    f"a tensor received in distributed autograd context {ctx.key[0]} was reached by a local "
-                    "backward; run tensorplay_rpc.autograd.backward(context_id, roots) instead"
-                )
-            collector.append((ctx.key, grad))
-            return None, None, None
-
-    return _RecvRpcBackward
-
-
-def _dummy() -> Any:
-    """The leaf every receive node takes as its input, so its output requires grad (and a
-    pass that must reach the receive nodes can ask for the leaf's gradient)."""
-    made = _torch_parts.get("dummy")
-    if made is None:
-        with _torch_parts_lock:
-            made = _torch_parts.get("dummy")
-            if made is None:
-                import torch
-
-                made = _torch_parts["dummy"] = torch.zeros((), requires_grad=True)
-    return made
 
 
 def get_gradients(context_id: int) -> Dict[Any, Any]:

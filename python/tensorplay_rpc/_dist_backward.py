@@ -8,7 +8,8 @@ import contextlib
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ._dist_autograd import RecvKey, _dummy, _recv_function, _thread, retrieve_context, suspended
+from ._dist_autograd import retrieve_context, suspended
+from ._dist_recv import RecvKey, _dummy, _recv_function, _thread
 
 __all__ = ["backward", "backward_passes"]
 

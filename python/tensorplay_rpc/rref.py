@@ -16,7 +16,8 @@ import weakref
 from typing import Any, Callable, Dict, Generic, Optional, Tuple, TypeVar, cast
 
 from . import constants
-from ._agent import FunctionCall, TensorPipeAgent, _CallFuture, call_timeout, current_agent, current_agent_or_not_set, function_call
+from ._agent import FunctionCall, TensorPipeAgent, current_agent, current_agent_or_not_set, function_call
+from ._call_future import _CallFuture, call_timeout
 from ._owner_table import Id
 from .crosslang import RemoteFunction
 from .futures import Future

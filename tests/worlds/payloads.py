@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 import tensorplay_rpc as rpc
-from tensorplay_rpc import _agent
+from tensorplay_rpc import _agent, _call_future
 
 from .common import init, shm_mappings, shm_resident_bytes
 
@@ -514,7 +514,7 @@ def dropped_big_requests(rank, world_size):
             time.sleep(0.1)
         out.update(got, sent=sent)
         gc.collect()
-        out["abandoned_left"] = len(_agent._abandoned)
+        out["abandoned_left"] = len(_call_future._abandoned)
         out["dropped_arrays_alive"] = sum(ref() is not None for ref in dropped_arrays)
     rpc.shutdown()
     return out

@@ -21,7 +21,7 @@ const idleTicksBeforeGivingBack = 3
 
 // laneIdleness is what tend knows of one lane's sending; only tend uses it.
 type laneIdleness struct {
-	sends     uint64 // the lane's send count last seen
+	head      uint64 // the producer's write index last seen: every frame moves it
 	quiet     int    // ticks since it changed
 	givenBack bool   // the pages went back since the last send
 }
@@ -35,8 +35,8 @@ func (s *stream) giveBackIfIdle() {
 	for i := range s.lanes {
 		l := &s.lanes[i]
 		idle := &l.idle
-		if n := l.sends.Load(); n != idle.sends {
-			*idle = laneIdleness{sends: n}
+		if head := l.out.r.ctrl.head.Load(); head != idle.head {
+			*idle = laneIdleness{head: head}
 			continue
 		}
 		if idle.givenBack {

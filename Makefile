@@ -70,12 +70,14 @@ vet: deps
 
 # Every fuzz target (name:package) in turn: go test fuzzes one at a time.
 FUZZ_TARGETS := FuzzFrameDecode:./core/wire FuzzReassembly:./core FuzzStoreRequest:./core/rendezvous \
-	FuzzRingReader:./core/transport/shmtransport
+	FuzzRingReader:./core/transport/shmtransport FuzzRecords:./core/transport/tcptransport \
+	FuzzHello:./core/transport/tcptransport
 
-# Agents on one host talk over shared memory by default; the second run pins their worlds to
-# gRPC, the path between hosts, so every agent test covers both transports.
+# Agents on one host talk over shared memory by default; the other runs pin their worlds to
+# plain TCP (the path between hosts) and to gRPC, so every agent test covers each transport.
 test-go: deps
 	go test -race -count=1 -timeout 15m ./...
+	TENSORPLAY_RPC_TRANSPORTS=tcp go test -race -count=1 -timeout 15m ./core/...
 	TENSORPLAY_RPC_TRANSPORTS=grpc go test -race -count=1 -timeout 15m ./core/...
 	@for t in $(FUZZ_TARGETS); do \
 		go test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s "$${t#*:}" || exit 1; \

@@ -26,6 +26,7 @@ KINDS = ["numpy", "bytes", "tensor"]
 SYSTEMS = {
     "tensorplay": ("tensorplay", {"TENSORPLAY_RPC_TRANSPORTS": "shm,grpc"}),
     "tensorplay-grpc": ("tensorplay", {"TENSORPLAY_RPC_TRANSPORTS": "grpc"}),
+    "tensorplay-tcp": ("tensorplay", {"TENSORPLAY_RPC_TRANSPORTS": "tcp"}),
     "torch": ("torch", {}),
 }
 

@@ -56,8 +56,8 @@ type Config struct {
 	Transport transport.Transport
 	// Transports names the transports that carry calls when Transport is nil, in order of
 	// preference: TransportSHM (shared memory, to workers on this host and network
-	// namespace) and TransportGRPC (to any worker). Empty means the environment variable
-	// TENSORPLAY_RPC_TRANSPORTS (e.g. "grpc") if set, else DefaultTransports. Workers that
+	// namespace), TransportTCP and TransportGRPC (to any worker). Empty means the environment
+	// variable TENSORPLAY_RPC_TRANSPORTS (e.g. "tcp") if set, else DefaultTransports. Workers that
 	// share no transport cannot call each other.
 	Transports []string
 	// Store is used instead of the one InitMethod names, e.g. a rendezvous.MemStore in tests.

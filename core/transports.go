@@ -8,23 +8,31 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/tcptransport"
 )
 
 // TransportsEnv names the environment variable that picks transports (comma-separated, in
-// order of preference) when Config.Transports is empty, e.g. "grpc" to pin the path between
-// hosts.
+// order of preference) when Config.Transports is empty, e.g. "tcp" to pin the path between
+// hosts, or "grpc".
 const TransportsEnv = "TENSORPLAY_RPC_TRANSPORTS"
 
 // Transport names.
 const (
 	// TransportSHM carries calls through shared memory, to workers on the same host.
 	TransportSHM = "shm"
-	// TransportGRPC carries calls over gRPC, to any worker.
+	// TransportTCP carries calls over plain TCP, to any worker: the path between hosts.
+	TransportTCP = "tcp"
+	// TransportGRPC carries calls over gRPC, to any worker; a world's workers listen on it
+	// too, so one pinned to it reaches the others.
 	TransportGRPC = "grpc"
 )
 
-// DefaultTransports is shared memory to workers on this host, gRPC to the others.
-var DefaultTransports = []string{TransportSHM, TransportGRPC}
+// DefaultTransports is shared memory to workers on this host, plain TCP to the others, and
+// gRPC to those that name only it.
+var DefaultTransports = []string{TransportSHM, TransportTCP, TransportGRPC}
+
+// transportNames are the transports there are, in the order errors list them.
+var transportNames = []string{TransportSHM, TransportTCP, TransportGRPC}
 
 // ParseTransports reads a comma-separated list of transport names.
 func ParseTransports(s string) ([]string, error) {
@@ -39,11 +47,11 @@ func ParseTransports(s string) ([]string, error) {
 
 func checkTransports(names []string) error {
 	if len(names) == 0 {
-		return fmt.Errorf("no transport named: want some of %q, %q", TransportSHM, TransportGRPC)
+		return fmt.Errorf("no transport named: want some of %q", transportNames)
 	}
 	for i, n := range names {
-		if n != TransportSHM && n != TransportGRPC {
-			return fmt.Errorf("unknown transport %q: want %q or %q", n, TransportSHM, TransportGRPC)
+		if !slices.Contains(transportNames, n) {
+			return fmt.Errorf("unknown transport %q: want one of %q", n, transportNames)
 		}
 		if slices.Contains(names[:i], n) {
 			return fmt.Errorf("transport %q named twice", n)
@@ -67,15 +75,15 @@ func newTransport(cfg Config, getenv func(string) string) (transport.Transport, 
 		names = DefaultTransports
 		if cfg.TLS != nil && cfg.Token == "" {
 			// Shared memory admits a process of this user that shows the token; without one,
-			// it would not hold a peer to what a certificate holds it to over gRPC.
-			names = []string{TransportGRPC}
+			// it would not hold a peer to what a certificate holds it to over the network.
+			names = []string{TransportTCP, TransportGRPC}
 		}
 	}
 	if err := checkTransports(names); err != nil {
 		return nil, err
 	}
 	if cfg.TLS != nil && cfg.Token == "" && slices.Contains(names, TransportSHM) {
-		return nil, fmt.Errorf("the %q transport needs a token in a world under TLS: set one, or name only %q", TransportSHM, TransportGRPC)
+		return nil, fmt.Errorf("the %q transport needs a token in a world under TLS: set one, or name only %q or %q", TransportSHM, TransportTCP, TransportGRPC)
 	}
 	var choices []transport.Choice
 	for _, n := range names {
@@ -87,6 +95,12 @@ func newTransport(cfg Config, getenv func(string) string) (transport.Transport, 
 			if m, err = shmtransport.New(cfg.Token, 0); err == nil {
 				m.SetPeerTimeout(cfg.PeerTimeout)
 				t = m
+			}
+		case TransportTCP:
+			var p *tcptransport.Transport
+			if p, err = tcptransport.New(cfg.Token, cfg.TLS); err == nil {
+				p.SetPeerTimeout(cfg.PeerTimeout)
+				t = p
 			}
 		case TransportGRPC:
 			var g *grpctransport.Transport

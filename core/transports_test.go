@@ -13,7 +13,9 @@ func TestTransportNames(t *testing.T) {
 		{"grpc", ""},
 		{"shm, grpc", ""},
 		{"grpc,shm", ""},
-		{"tcp", `unknown transport "tcp"`},
+		{"tcp", ""},
+		{"shm,tcp,grpc", ""},
+		{"uv", `unknown transport "uv"`},
 		{"grpc,grpc", `named twice`},
 		{" , ", "no transport named"},
 	}

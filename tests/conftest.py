@@ -196,7 +196,7 @@ def run_world(scenario: str, world_size: int, *, timeout: float = 60, expect_ok:
     return results
 
 
-@pytest.fixture(params=["shm", "grpc"])
+@pytest.fixture(params=["shm", "tcp", "grpc"])
 def each_transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test once per transport: the worlds it starts are pinned to it (through
     TENSORPLAY_RPC_TRANSPORTS), so the same-host path and the path between hosts are both

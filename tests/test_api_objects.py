@@ -265,10 +265,11 @@ def test_rref_needs_an_initialized_worker():
 @pytest.mark.parametrize(
     "given, env, want",
     [
-        (None, None, ["shm", "grpc"]),
-        (["uv"], None, ["grpc"]),
-        (["shm", "uv", "grpc"], None, ["shm", "grpc"]),
+        (None, None, ["shm", "tcp", "grpc"]),
+        (["uv"], None, ["tcp"]),
+        (["shm", "uv", "tcp", "grpc"], None, ["shm", "tcp", "grpc"]),
         (None, "grpc", ["grpc"]),
+        (None, "tcp", ["tcp"]),
         (["shm"], "grpc", ["shm"]),  # the option wins over the environment
     ],
 )
@@ -280,7 +281,7 @@ def test_transport_choice(monkeypatch, given, env, want):
     assert rpc.TensorPipeRpcBackendOptions(_transports=given).transport_names() == want
 
 
-@pytest.mark.parametrize("given", [["ibv"], [], "shm", ["tcp", "shm"]])
+@pytest.mark.parametrize("given", [["ibv"], [], "shm", ["udp", "shm"]])
 def test_bad_transports_are_refused(given):
     with pytest.raises((ValueError, TypeError)) as info:
         rpc.TensorPipeRpcBackendOptions(_transports=given)

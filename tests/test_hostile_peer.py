@@ -170,7 +170,7 @@ def check_world_survived(results: List[RankResult], output: str) -> None:
 
 
 @pytest.mark.timeout(280)
-@pytest.mark.parametrize("transport", ["grpc", "shm"])
+@pytest.mark.parametrize("transport", ["grpc", "tcp", "shm"])
 def test_hostile_peer_cannot_crash_starve_or_impersonate(world, tmp_path, hostilepeer, transport):
     w, sync_dir = start_attacked_world(world, tmp_path)
     outcomes, output, rss_growth_kib, results = attack_world(w, sync_dir, hostilepeer, ["-transport", transport])
@@ -189,7 +189,7 @@ def test_hostile_peer_cannot_crash_starve_or_impersonate(world, tmp_path, hostil
 
 
 @pytest.mark.timeout(280)
-@pytest.mark.parametrize("transport", ["grpc", "shm"])
+@pytest.mark.parametrize("transport", ["grpc", "tcp", "shm"])
 def test_every_attack_is_refused_without_the_token(world, tmp_path, hostilepeer, transport):
     w, sync_dir = start_attacked_world(world, tmp_path, env={"TENSORPLAY_RPC_TOKEN": "hostile-peer-test-secret"})
     # The attacker presents no token (its -token is empty).

@@ -16,6 +16,8 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/rendezvous"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/tcptransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -190,9 +192,6 @@ func Peak(interval time.Duration, sample func() int64) (stop func() int64) {
 	}
 }
 
-// GRPCAddr is the gRPC address of a, for tests that speak gRPC to it themselves.
-func GRPCAddr(a *core.Agent) string { return transport.NetworkAddr(a.Self().Addr) }
-
 // SHMAddr is the shared-memory address of a, or "" if it has none.
 func SHMAddr(a *core.Agent) string {
 	addr, _ := transport.ChoiceAddr(a.Self().Addr, core.TransportSHM)
@@ -228,4 +227,29 @@ func (s hookedStream) Send(f *wire.Frame) error {
 		return err
 	}
 	return s.Stream.Send(f)
+}
+
+// NetworkAddr is a's address on the transport NetworkTransport makes.
+func NetworkAddr(a *core.Agent) string {
+	if addr, ok := transport.ChoiceAddr(a.Self().Addr, core.TransportGRPC); ok {
+		return addr
+	}
+	addr, _ := transport.ChoiceAddr(a.Self().Addr, core.TransportTCP)
+	return addr
+}
+
+// NetworkTransport is a new transport of the kind a serves on between hosts, with a's address
+// on it, for tests that speak to a worker's network port themselves: gRPC where a listens on
+// it, else plain TCP (a world pinned to "tcp"). Running a test under each pin covers both.
+func NetworkTransport(a *core.Agent, token string, files *core.TLSFiles) (transport.Transport, string, error) {
+	if addr, ok := transport.ChoiceAddr(a.Self().Addr, core.TransportGRPC); ok {
+		tr, err := grpctransport.New(token, files)
+		return tr, addr, err
+	}
+	addr, ok := transport.ChoiceAddr(a.Self().Addr, core.TransportTCP)
+	if !ok {
+		return nil, "", fmt.Errorf("%s listens on no network transport: %s", a.Self().Name, a.Self().Addr)
+	}
+	tr, err := tcptransport.New(token, files)
+	return tr, addr, err
 }

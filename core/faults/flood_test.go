@@ -14,7 +14,6 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
-	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -148,11 +147,14 @@ func TestCallsInServiceAreBoundedPerCallerNotPerStream(t *testing.T) {
 	c := coretest.Start(t, cfgs)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	tr, _ := grpctransport.New("", nil)
+	tr, addr, err := coretest.NetworkTransport(c.Agents[1], "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer tr.Close()
 	var streams []transport.Stream
 	for i := 0; i < 2; i++ {
-		s, err := tr.Dial(ctx, coretest.GRPCAddr(c.Agents[1]))
+		s, err := tr.Dial(ctx, addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
-	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
@@ -104,12 +103,15 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 	}
 
 	// From another address (127.0.0.2 is loopback too), claiming to be w1: refused at hello.
-	elsewhere, _ := grpctransport.New("", nil)
+	elsewhere, ownerAddr, err := coretest.NetworkTransport(owner, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer elsewhere.Close()
 	if _, err := elsewhere.Listen("127.0.0.2", func(transport.Stream) {}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := elsewhere.Dial(ctx, coretest.GRPCAddr(owner))
+	s, err := elsewhere.Dial(ctx, ownerAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,9 +125,12 @@ func TestAPeerCanOnlyActAsItself(t *testing.T) {
 
 	// From the right host as w2: its releases of w1's fork, in w1's name or its own, are
 	// refused. The echo after them answers once they were applied.
-	local, _ := grpctransport.New("", nil)
+	local, _, err := coretest.NetworkTransport(owner, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer local.Close()
-	s, err = local.Dial(ctx, coretest.GRPCAddr(owner))
+	s, err = local.Dial(ctx, ownerAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,6 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
-	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -128,11 +127,11 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		t.Fatalf("a call inside the world: %v", err)
 	}
 	for name, files := range map[string]*core.TLSFiles{"no TLS": nil, "another CA": &stranger} {
-		tr, err := grpctransport.New("", files)
+		tr, addr, err := coretest.NetworkTransport(agents[1], "", files)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[1]))
+		s, err := tr.Dial(ctx, addr)
 		if err == nil {
 			s.Send(wire.HelloFrame("w0", 0, 0))
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})
@@ -153,7 +152,7 @@ func TestTLSRefusesClientsWithoutAValidCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for port, addr := range map[string]string{"worker": coretest.GRPCAddr(agents[1]), "store": storeAddr} {
+	for port, addr := range map[string]string{"worker": coretest.NetworkAddr(agents[1]), "store": storeAddr} {
 		if answer, err := plaintextHTTP2(addr); err != nil || len(answer) > 0 {
 			t.Errorf("%s: a client without TLS got %q, %v; want the connection closed without a word", port, answer, err)
 		}
@@ -236,7 +235,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := tls.Dial("tcp", coretest.GRPCAddr(agents[1]), &tls.Config{
+	conn, err := tls.Dial("tcp", coretest.NetworkAddr(agents[1]), &tls.Config{
 		Certificates: []tls.Certificate{pair}, MaxVersion: tls.VersionTLS12, InsecureSkipVerify: true,
 	})
 	if err == nil {
@@ -248,7 +247,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 	}
 
 	onlyW1 := ca.issue("w1")
-	tr, err := grpctransport.New("", &onlyW1)
+	tr, w0Addr, err := coretest.NetworkTransport(agents[0], "", &onlyW1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +257,7 @@ func TestTLSIsVersionThreeAndNamesBindWorkers(t *testing.T) {
 		rank   int
 		served bool
 	}{{"w0", 0, false}, {"w2", 2, false}, {"w1", 1, true}} {
-		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[0]))
+		s, err := tr.Dial(ctx, w0Addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tensorplay/tensorplay-rpc/core"
 	"github.com/tensorplay/tensorplay-rpc/core/coretest"
-	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
@@ -32,8 +31,11 @@ func TestTokenKeepsStrangersOut(t *testing.T) {
 		t.Fatalf("a call inside the world: %v", err)
 	}
 	for _, token := range []string{"", "wrong"} {
-		tr, _ := grpctransport.New(token, nil)
-		s, err := tr.Dial(ctx, coretest.GRPCAddr(agents[1]))
+		tr, addr, err := coretest.NetworkTransport(agents[1], token, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := tr.Dial(ctx, addr)
 		if err == nil {
 			s.Send(wire.HelloFrame("w0", 0, 0))
 			s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 1, Method: "count"})

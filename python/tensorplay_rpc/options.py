@@ -69,9 +69,9 @@ class RpcBackendOptions:
 
 
 TRANSPORTS_ENV = "TENSORPLAY_RPC_TRANSPORTS"
-DEFAULT_TRANSPORTS = ("shm", "grpc")
+DEFAULT_TRANSPORTS = ("shm", "tcp", "grpc")
 # torch's TensorPipe names for the same paths: "uv" is its TCP transport.
-_TRANSPORT_ALIASES = {"shm": "shm", "grpc": "grpc", "uv": "grpc"}
+_TRANSPORT_ALIASES = {"shm": "shm", "tcp": "tcp", "uv": "tcp", "grpc": "grpc"}
 
 
 def _transport_names(given: Sequence[Any], source: str) -> List[str]:
@@ -113,10 +113,11 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
             world's CA: with them, all store and worker traffic is mutual TLS, and a peer
             whose certificate the CA did not sign is refused.
         _transports: the transports that carry calls, in order of preference: ``"shm"``
-            (shared memory, to workers on this host) and ``"grpc"`` (to any worker; torch's
-            ``"uv"`` means the same). Default: ``$TENSORPLAY_RPC_TRANSPORTS`` (comma-separated)
-            if set, else both: shared memory to workers on this host, gRPC to the others.
-            Workers that share no transport cannot call each other.
+            (shared memory, to workers on this host), ``"tcp"`` (plain TCP, to any worker;
+            torch's ``"uv"`` means the same) and ``"grpc"`` (gRPC, to any worker). Default:
+            ``$TENSORPLAY_RPC_TRANSPORTS`` (comma-separated) if set, else all three: shared
+            memory to workers on this host, TCP to the others, gRPC to a worker that names
+            only it. Workers that share no transport cannot call each other.
         _channels: accepted for compatibility with torch and ignored.
     """
 
@@ -162,7 +163,7 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
 
     def transport_names(self) -> List[str]:
         """The transports this worker uses, in order of preference: ``_transports`` if given,
-        else ``$TENSORPLAY_RPC_TRANSPORTS``, else ``["shm", "grpc"]``."""
+        else ``$TENSORPLAY_RPC_TRANSPORTS``, else ``["shm", "tcp", "grpc"]``."""
         if self._transports is not None:
             return _transport_names(self._transports, "_transports")
         env = os.environ.get(TRANSPORTS_ENV, "")

@@ -39,6 +39,7 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/grpctransport"
 	"github.com/tensorplay/tensorplay-rpc/core/transport/shmtransport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/tcptransport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/grpc"
@@ -87,6 +88,7 @@ var attacks = []attack{
 type peer struct {
 	tr     transport.Transport
 	shm    bool // attacks go over shared memory
+	tcp    bool // attacks go over plain TCP
 	addr   string
 	token  string
 	name   string
@@ -101,7 +103,7 @@ type peer struct {
 func main() {
 	var (
 		addr    = flag.String("addr", "", "the worker's address (as its agent reports it)")
-		via     = flag.String("transport", "grpc", "attack over grpc or shm")
+		via     = flag.String("transport", "grpc", "attack over grpc, tcp or shm")
 		name    = flag.String("name", "worker1", "the worker name the hello claims")
 		rank    = flag.Int("rank", 1, "the rank the hello claims")
 		token   = flag.String("token", "", "the token to present (none: a stranger)")
@@ -132,10 +134,12 @@ func main() {
 	switch *via {
 	case "grpc":
 		tr, err = grpctransport.New(*token, nil)
+	case "tcp":
+		tr, err = tcptransport.New(*token, nil)
 	case "shm":
 		tr, err = shmtransport.New(*token, 0)
 	default:
-		err = fmt.Errorf("-transport %q: want grpc or shm", *via)
+		err = fmt.Errorf("-transport %q: want grpc, tcp or shm", *via)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hostilepeer:", err)
@@ -146,7 +150,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "hostilepeer: the worker at %s does not listen on %s\n", *addr, *via)
 		os.Exit(2)
 	}
-	p := &peer{tr: tr, shm: *via == "shm", addr: at, token: *token, name: *name, rank: *rank, window: *window, hold: *hold}
+	p := &peer{tr: tr, shm: *via == "shm", tcp: *via == "tcp", addr: at, token: *token, name: *name, rank: *rank, window: *window, hold: *hold}
 	if err := p.reachable(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "hostilepeer: cannot reach the worker:", err)
 		os.Exit(1)
@@ -196,7 +200,7 @@ func (p *peer) reachable(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, err := p.tr.Dial(dctx, p.addr)
-	if errors.Is(err, shmtransport.ErrRefused) {
+	if errors.Is(err, shmtransport.ErrRefused) || errors.Is(err, tcptransport.ErrRefused) {
 		return nil // it listens, and refused a stranger
 	}
 	if err != nil {
@@ -331,7 +335,7 @@ func (p *peer) probe(ctx context.Context, c *conn) string {
 
 // endOutcome classifies why a stream ended.
 func endOutcome(err error) string {
-	if errors.Is(err, shmtransport.ErrRefused) || errors.Is(err, errShmRefused) {
+	if errors.Is(err, shmtransport.ErrRefused) || errors.Is(err, errShmRefused) || errors.Is(err, tcptransport.ErrRefused) {
 		return "unauthenticated"
 	}
 	if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
@@ -423,6 +427,9 @@ func (p *peer) halfOpen(ctx context.Context) (string, string) {
 	}
 	if p.shm {
 		return "held", detail + p.cutShortFrame(ctx)
+	}
+	if p.tcp {
+		return "held", detail + p.tcpHalfClosed(ctx, partial)
 	}
 	rs, closeRaw, err := p.rawStream(ctx, 16*mib)
 	if err != nil {
@@ -582,6 +589,9 @@ func (p *peer) hugeMethod(ctx context.Context) (string, string) {
 			binary.LittleEndian.PutUint32(region[2*rawCtrl:], 20*mib)
 			binary.LittleEndian.PutUint64(region[0:], 4)
 		})
+	}
+	if p.tcp {
+		return p.tcpHugeMethod(ctx)
 	}
 	rs, closeRaw, err := p.rawStream(ctx, 64*mib)
 	if err != nil {

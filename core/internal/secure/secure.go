@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -34,6 +35,8 @@ const tokenHeader = "tensorplay-token"
 type World struct {
 	token          string
 	server, client credentials.TransportCredentials // nil without TLS
+	serverTLS      *tls.Config                      // nil without TLS; cloned before use
+	clientTLS      *tls.Config
 	refusals       *refusalLog
 	peerTimeout    time.Duration // 0: defaultPeerTimeout
 }
@@ -62,12 +65,34 @@ func New(token string, files *TLSFiles) (World, error) {
 	sec := World{token: token, refusals: newRefusalLog(time.Minute)}
 	if files != nil {
 		var err error
-		if sec.server, sec.client, err = files.credentials(); err != nil {
+		if sec.serverTLS, sec.clientTLS, err = files.configs(); err != nil {
 			return World{}, err
 		}
+		sec.server, sec.client = credentials.NewTLS(sec.serverTLS), credentials.NewTLS(sec.clientTLS)
 	}
 	return sec, nil
 }
+
+// ServerTLS is the TLS configuration a transport that does its own TLS accepts connections
+// with, or nil for a world without TLS.
+func (sec World) ServerTLS() *tls.Config {
+	if sec.serverTLS == nil {
+		return nil
+	}
+	return sec.serverTLS.Clone()
+}
+
+// ClientTLS is the TLS configuration a transport that does its own TLS dials with, or nil.
+func (sec World) ClientTLS() *tls.Config {
+	if sec.clientTLS == nil {
+		return nil
+	}
+	return sec.clientTLS.Clone()
+}
+
+// HandshakeTimeout bounds how long a connection may take to show who it is (TLS and the
+// token) before the server drops it.
+func (sec World) HandshakeTimeout() time.Duration { return handshakeTimeout }
 
 // HasToken reports whether the world has a token.
 func (sec World) HasToken() bool { return sec.token != "" }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-
-	"google.golang.org/grpc/credentials"
 )
 
 // TLSFiles names the PEM files that put a world's traffic under mutual TLS: this worker's
@@ -18,8 +16,8 @@ type TLSFiles struct {
 	Cert, Key, CA string
 }
 
-// credentials loads the files into server and client gRPC credentials.
-func (f TLSFiles) credentials() (server, client credentials.TransportCredentials, err error) {
+// configs loads the files into the server's and the client's TLS configuration.
+func (f TLSFiles) configs() (server, client *tls.Config, err error) {
 	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
 		return nil, nil, fmt.Errorf("TLS certificate %s and key %s: %w", f.Cert, f.Key, err)
@@ -33,13 +31,13 @@ func (f TLSFiles) credentials() (server, client credentials.TransportCredentials
 		return nil, nil, fmt.Errorf("TLS CA %s holds no PEM certificate", f.CA)
 	}
 	// Every worker runs this code on both ends, so TLS 1.3 is always available.
-	server = credentials.NewTLS(&tls.Config{
+	server = &tls.Config{
 		Certificates: []tls.Certificate{pair},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    roots,
 		MinVersion:   tls.VersionTLS13,
-	})
-	client = credentials.NewTLS(&tls.Config{
+	}
+	client = &tls.Config{
 		Certificates: []tls.Certificate{pair},
 		MinVersion:   tls.VersionTLS13,
 		// Workers dial each other by IP address, so the default verification, which checks a
@@ -49,7 +47,7 @@ func (f TLSFiles) credentials() (server, client credentials.TransportCredentials
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			return verifyChain(cs.PeerCertificates, roots)
 		},
-	})
+	}
 	return server, client, nil
 }
 

@@ -6,15 +6,14 @@ package grpctransport
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/tensorplay/tensorplay-rpc/core/internal/secure"
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/internal/tcpconn"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -71,9 +70,7 @@ func (t *Transport) Listen(host string, serve func(transport.Stream)) (string, e
 	lis := userTimeoutListener{Listener: tcp, timeout: t.sec.PeerTimeout()}
 	t.sec.WarnIfOpen("worker", host, "make this worker unpickle, and so run, anything")
 	srv := grpc.NewServer(t.sec.ServerOptions()...)
-	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
-		t.localIP = ip
-	}
+	t.localIP = tcpconn.ListenIP(host)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: agentService,
 		HandlerType: (*any)(nil),
@@ -128,36 +125,9 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	return s, nil
 }
 
-// Probe implements transport.Prober: a host that refuses a TCP connection to a worker's port
-// has no listener there, so the worker's process is gone; no answer says nothing.
+// Probe implements transport.Prober.
 func (t *Transport) Probe(ctx context.Context, addr string) error {
-	var c net.Conn
-	var err error
-	if t.localIP != nil {
-		c, err = t.dialFromLocalIP(ctx, addr)
-	} else {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp", addr)
-	}
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("probe %s: %w", addr, transport.ErrGone)
-	}
-	if err != nil {
-		return fmt.Errorf("probe %s: %w", addr, err)
-	}
-	return c.Close()
-}
-
-// dialFromLocalIP connects to addr from the address this transport listens on, unless that
-// cannot reach it (a loopback address toward another host).
-func (t *Transport) dialFromLocalIP(ctx context.Context, addr string) (net.Conn, error) {
-	var d net.Dialer
-	if host, _, err := net.SplitHostPort(addr); err == nil {
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() == t.localIP.IsLoopback() && (ip.To4() == nil) == (t.localIP.To4() == nil) {
-			d.LocalAddr = &net.TCPAddr{IP: t.localIP}
-		}
-	}
-	return d.DialContext(ctx, "tcp", addr)
+	return tcpconn.Probe(ctx, addr, t.localIP)
 }
 
 // StopListening stops the server at once (its own streams with it); dialed streams go on

@@ -5,7 +5,7 @@ import (
 	"net"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/tensorplay/tensorplay-rpc/core/transport/internal/tcpconn"
 )
 
 // TCP_USER_TIMEOUT. gRPC-Go sets it on every connection to its keepalive's answer time (the
@@ -18,14 +18,7 @@ import (
 // dialWithUserTimeout dials addr (from the address this transport listens on, where that can
 // reach it) for gRPC.
 func (t *Transport) dialWithUserTimeout(ctx context.Context, addr string) (net.Conn, error) {
-	var c net.Conn
-	var err error
-	if t.localIP != nil {
-		c, err = t.dialFromLocalIP(ctx, addr)
-	} else {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp", addr)
-	}
+	c, err := tcpconn.Dial(ctx, addr, t.localIP)
 	if err != nil {
 		return nil, err
 	}
@@ -50,12 +43,6 @@ func (l userTimeoutListener) Accept() (net.Conn, error) {
 type connWithoutSyscall struct{ net.Conn }
 
 func withUserTimeout(c net.Conn, d time.Duration) net.Conn {
-	if tcp, ok := c.(*net.TCPConn); ok {
-		if raw, err := tcp.SyscallConn(); err == nil {
-			raw.Control(func(fd uintptr) {
-				unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
-			})
-		}
-	}
+	tcpconn.SetUserTimeout(c, d)
 	return connWithoutSyscall{c}
 }

@@ -44,7 +44,11 @@ func awaitByReading(t *testing.T, f *core.CallFuture) (readIt bool) {
 // their calls read the stream themselves, beside the reader goroutine, small and big replies
 // mixed; every call gets its own reply.
 func TestThreadsWaitingForRepliesReadThemThemselves(t *testing.T) {
-	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: testHandlers(nil)})
+	forEachSelfReadingTransport(t, testThreadsWaitingForRepliesReadThemThemselves)
+}
+
+func testThreadsWaitingForRepliesReadThemThemselves(t *testing.T, transportName string) {
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{transportName}, Handlers: testHandlers(nil)})
 	const threads, calls = 8, 150
 	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB: the bulk lane, in chunks
 	var wg sync.WaitGroup
@@ -88,6 +92,10 @@ func TestThreadsWaitingForRepliesReadThemThemselves(t *testing.T) {
 // TestAThreadReadingForItselfHearsOfTheEnd: a thread asleep reading for its reply wakes, with
 // the call failed, when the call's deadline passes or the callee goes away.
 func TestAThreadReadingForItselfHearsOfTheEnd(t *testing.T) {
+	forEachSelfReadingTransport(t, testAThreadReadingForItselfHearsOfTheEnd)
+}
+
+func testAThreadReadingForItselfHearsOfTheEnd(t *testing.T, transportName string) {
 	for _, c := range []struct {
 		name    string
 		timeout time.Duration
@@ -107,7 +115,7 @@ func TestAThreadReadingForItselfHearsOfTheEnd(t *testing.T) {
 				<-release
 				return core.Message{}, nil
 			})
-			cl := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: handlers})
+			cl := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{transportName}, Handlers: handlers})
 			ctx := testctx.For(t)
 			if c.timeout > 0 {
 				var cancel context.CancelFunc
@@ -148,7 +156,11 @@ func TestAThreadReadingForItselfHearsOfTheEnd(t *testing.T) {
 // in pooled memory, as one the reader goroutine read does; releasing it gives that memory
 // back for the next message to use.
 func TestARepliesMemoryGoesBackToThePoolWhoeverReadIt(t *testing.T) {
-	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: testHandlers(nil)})
+	forEachSelfReadingTransport(t, testARepliesMemoryGoesBackToThePoolWhoeverReadIt)
+}
+
+func testARepliesMemoryGoesBackToThePoolWhoeverReadIt(t *testing.T, transportName string) {
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{transportName}, Handlers: testHandlers(nil)})
 	payload := bytes.Repeat([]byte("p"), 200<<10) // one frame, decoded into pooled memory
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -175,5 +187,13 @@ func TestARepliesMemoryGoesBackToThePoolWhoeverReadIt(t *testing.T) {
 	}
 	if returned < readByThread/2 {
 		t.Fatalf("of %d replies the waiting thread read, %d gave their memory back to the pool when released", readByThread, returned)
+	}
+}
+
+// forEachSelfReadingTransport runs test once over each transport whose streams threads read
+// for themselves (transport.SelfReading).
+func forEachSelfReadingTransport(t *testing.T, test func(t *testing.T, transportName string)) {
+	for _, name := range []string{core.TransportSHM, core.TransportTCP} {
+		t.Run(name, func(t *testing.T) { test(t, name) })
 	}
 }

@@ -51,6 +51,10 @@ func servingThreads(a *core.Agent, n int, slice time.Duration) (stop func()) {
 // sent them (a big one streams through in parts, which small ones may overtake on any
 // transport).
 func TestIdleThreadsServeWhatTheyRead(t *testing.T) {
+	forEachSelfReadingTransport(t, testIdleThreadsServeWhatTheyRead)
+}
+
+func testIdleThreadsServeWhatTheyRead(t *testing.T, transportName string) {
 	var mu sync.Mutex
 	last := int64(-1)
 	served := map[int64]int{}
@@ -68,7 +72,7 @@ func TestIdleThreadsServeWhatTheyRead(t *testing.T) {
 		call.Reply(core.Message{Payload: bytes.Clone(call.Request.Payload)})
 		call.Request.Release()
 	})
-	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: map[string]core.Handler{"in order": inOrder}})
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{transportName}, Handlers: map[string]core.Handler{"in order": inOrder}})
 	stop := servingThreads(c.Agents[1], 3, 20*time.Millisecond)
 	defer stop()
 
@@ -120,6 +124,10 @@ func TestIdleThreadsServeWhatTheyRead(t *testing.T) {
 // the thread gives its slot back rather than hold the stream up, and every call is served. The
 // requests are big: the reader goroutine reads them while the thread sleeps.
 func TestAReadingThreadGivesBackItsSlot(t *testing.T) {
+	forEachSelfReadingTransport(t, testAReadingThreadGivesBackItsSlot)
+}
+
+func testAReadingThreadGivesBackItsSlot(t *testing.T, transportName string) {
 	const slots = 3
 	var mu sync.Mutex
 	var parked []*core.ServerCall
@@ -128,7 +136,7 @@ func TestAReadingThreadGivesBackItsSlot(t *testing.T) {
 		parked = append(parked, call)
 		mu.Unlock()
 	})
-	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: map[string]core.Handler{"park": park}, MaxServedPerCaller: slots})
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{transportName}, Handlers: map[string]core.Handler{"park": park}, MaxServedPerCaller: slots})
 	stop := servingThreads(c.Agents[1], 1, 10*time.Second) // long slices: only a wake-up ends one early
 	defer stop()
 
@@ -196,7 +204,11 @@ func TestAReadingThreadGivesBackItsSlot(t *testing.T) {
 // TestServeReadingEnds: a thread reading for requests returns when woken (what wake holds ran
 // and stop reports true), at its deadline, and at once where it cannot read.
 func TestServeReadingEnds(t *testing.T) {
-	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{core.TransportSHM}, Handlers: testHandlers(nil)})
+	forEachSelfReadingTransport(t, testServeReadingEnds)
+}
+
+func testServeReadingEnds(t *testing.T, transportName string) {
+	c := coretest.New(t, 2, coretest.Options{GRPC: true, Transports: []string{transportName}, Handlers: testHandlers(nil)})
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var wake atomic.Pointer[func()]

@@ -40,11 +40,21 @@ type stream struct {
 	scratch  []byte
 	sentBeat atomic.Bool // something was written since the heartbeat last looked
 
-	// Recv's state; Recv is not called concurrently with itself.
-	in   *bufio.Reader
-	lim  limitedReader
-	dec  *msgpack.Decoder
-	sink atomic.Pointer[wire.ChunkSink]
+	// Reading: Recv, and a thread reading for itself (self_reading.go), each under readMu;
+	// Recv waits for the socket without it. heldSmall: Recv returned a small frame its caller
+	// has not handled (it has not called Recv again), so no thread may read the next.
+	readMu    sync.Mutex
+	heldSmall bool
+	in        *bufio.Reader
+	lim       limitedReader
+	dec       *msgpack.Decoder
+	sink      atomic.Pointer[wire.ChunkSink]
+	raw       *rawSocket // nil over TLS: no thread reads for itself
+	// threadIn is set while a thread reads for itself, which sends on threadLeft as it
+	// leaves: Recv then waits for that rather than for the socket, which would wake it for
+	// every frame the thread takes.
+	threadIn   atomic.Bool
+	threadLeft chan struct{}
 
 	// received counts the reads that brought bytes; reading is set while Recv waits for
 	// them (liveness.go counts only the silence of a peer this side is waiting for).
@@ -74,9 +84,19 @@ func newStream(conn net.Conn, identity transport.PeerIdentity, l liveness, onClo
 
 // makeStream is a stream over conn without its heartbeat and watcher.
 func makeStream(conn net.Conn, identity transport.PeerIdentity, onClose func(*stream)) *stream {
-	s := &stream{conn: conn, identity: identity, dec: msgpack.NewDecoder(nil), closed: make(chan struct{}), onClose: onClose}
+	s := &stream{conn: conn, identity: identity, dec: msgpack.NewDecoder(nil), closed: make(chan struct{}), onClose: onClose, threadLeft: make(chan struct{}, 1)}
 	s.in = bufio.NewReaderSize(countingReader{conn, &s.received}, 64<<10)
 	s.lim.r = s.in
+	s.raw = newRawSocket(conn)
+	return s
+}
+
+// asTransportStream is s as the transport hands it out: one a thread may read for itself
+// where its socket allows.
+func (s *stream) asTransportStream() transport.Stream {
+	if s.raw != nil {
+		return selfReadingStream{s}
+	}
 	return s
 }
 
@@ -119,42 +139,73 @@ func (s *stream) Send(f *wire.Frame) error {
 	return nil
 }
 
-// Recv reads the next frame, skipping heartbeats.
+// Recv reads the next frame, skipping heartbeats. It waits for the socket without readMu, so
+// a thread may read a small frame for itself meanwhile.
 func (s *stream) Recv() (*wire.Frame, error) {
 	s.reading.Store(true)
 	defer s.reading.Store(false)
 	for {
-		var head [lengthBytes]byte
-		if _, err := io.ReadFull(s.in, head[:]); err != nil {
-			return nil, s.fail(readError(err))
+		s.readMu.Lock()
+		s.heldSmall = false // the caller has handled what Recv returned last
+		if s.raw != nil && s.in.Buffered() == 0 && !s.raw.readable() {
+			s.readMu.Unlock()
+			if s.threadIn.Load() {
+				select {
+				case <-s.threadLeft:
+				case <-s.closed:
+					return nil, s.why
+				}
+				continue
+			}
+			if err := s.raw.waitReadable(); err != nil {
+				return nil, s.fail(readError(err))
+			}
+			continue
 		}
-		n := binary.BigEndian.Uint32(head[:])
-		if n == 0 {
+		f, err := s.readRecord()
+		if f != nil && !transport.Bulk(f) {
+			s.heldSmall = true
+		}
+		s.readMu.Unlock()
+		if f == nil && err == nil {
 			continue // a heartbeat
 		}
-		if n > maxRecord {
-			return nil, s.fail(fmt.Errorf("%w: a record of %d bytes, more than %d", transport.ErrMalformed, n, maxRecord))
-		}
-		f := &wire.Frame{}
-		if sink := s.sink.Load(); sink != nil {
-			f.Sink = *sink
-		}
-		s.lim.n, s.lim.err = int64(n), nil
-		s.dec.Reset(&s.lim)
-		err := f.DecodeMsgpack(s.dec)
-		switch {
-		case s.lim.err != nil: // the connection failed under the decoder
-			return nil, s.fail(readError(s.lim.err))
-		case err != nil:
-			return nil, s.fail(fmt.Errorf("%w: %w", transport.ErrMalformed, err))
-		case s.lim.n != 0:
-			if recycle := f.TakeRecycle(); recycle != nil {
-				recycle()
-			}
-			return nil, s.fail(fmt.Errorf("%w: a frame ends %d bytes before its record", transport.ErrMalformed, s.lim.n))
-		}
-		return f, nil
+		return f, err
 	}
+}
+
+// readRecord reads the next record: a frame, or nil for a heartbeat. Called with readMu held.
+func (s *stream) readRecord() (*wire.Frame, error) {
+	var head [lengthBytes]byte
+	if _, err := io.ReadFull(s.in, head[:]); err != nil {
+		return nil, s.fail(readError(err))
+	}
+	n := binary.BigEndian.Uint32(head[:])
+	if n == 0 {
+		return nil, nil
+	}
+	if n > maxRecord {
+		return nil, s.fail(fmt.Errorf("%w: a record of %d bytes, more than %d", transport.ErrMalformed, n, maxRecord))
+	}
+	f := &wire.Frame{}
+	if sink := s.sink.Load(); sink != nil {
+		f.Sink = *sink
+	}
+	s.lim.n, s.lim.err = int64(n), nil
+	s.dec.Reset(&s.lim)
+	err := f.DecodeMsgpack(s.dec)
+	switch {
+	case s.lim.err != nil: // the connection failed under the decoder
+		return nil, s.fail(readError(s.lim.err))
+	case err != nil:
+		return nil, s.fail(fmt.Errorf("%w: %w", transport.ErrMalformed, err))
+	case s.lim.n != 0:
+		if recycle := f.TakeRecycle(); recycle != nil {
+			recycle()
+		}
+		return nil, s.fail(fmt.Errorf("%w: a frame ends %d bytes before its record", transport.ErrMalformed, s.lim.n))
+	}
+	return f, nil
 }
 
 // readError says what a failed read of the connection means.
@@ -179,6 +230,9 @@ func (s *stream) breakWith(why error) {
 	s.closeOnce.Do(func() {
 		s.why = why
 		close(s.closed)
+		if s.raw != nil {
+			s.raw.close() // waits for threads reading the socket by its number
+		}
 		s.conn.Close()
 		if s.onClose != nil {
 			s.onClose(s)

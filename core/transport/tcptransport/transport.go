@@ -124,7 +124,7 @@ func (t *Transport) serveConn(c net.Conn, serve func(transport.Stream)) {
 		return
 	}
 	defer s.Close()
-	serve(s)
+	serve(s.asTransportStream())
 }
 
 // acceptHandshake completes TLS, if the world has it, and checks the token.
@@ -178,7 +178,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	if !t.track(s, false) {
 		return nil, transport.ErrClosed
 	}
-	return s, nil
+	return s.asTransportStream(), nil
 }
 
 func (t *Transport) dialHandshake(ctx context.Context, c net.Conn) (*stream, error) {

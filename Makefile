@@ -18,14 +18,15 @@ NATIVE_STAMP := $(NATIVE_DIR)/.built
 GO_SOURCES := go.mod go.sum $(shell find core pybind -name '*.go' -not -name '*_test.go')
 PY_SOURCES := pyproject.toml setup.py $(shell find python/tensorplay_rpc -name '*.py' -not -path '*/_native/*')
 
-.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench fuzz soak scale scale-mesh check clean
+.PHONY: help deps bench-deps apt-install native install demo demo-go test test-go test-python typecheck vet bench bench-hosts fuzz soak scale scale-mesh check clean
 
 help:
 	@echo "make demo   build everything and run a small world of workers on localhost"
 	@echo "make demo-go  a Python worker and a Go worker calling each other by name"
 	@echo "make test   build everything and run every test (go vet, go test -race, pytest)"
 	@echo "make check  the edit loop's tier: vet, gofmt, mypy, Go tests without -race, Python tests with no world (under 3 minutes)"
-	@echo "make bench  tensorplay_rpc (shm and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
+	@echo "make bench  tensorplay_rpc (shm, TCP and gRPC) vs torch.distributed.rpc vs raw TCP, in one run"
+	@echo "make bench-hosts  the same between two network namespaces, with delays (root)"
 	@echo "make fuzz   fuzz the frame decoder, the reassembler, the store and the shm ring reader, 3 million runs each"
 	@echo "make soak   a 10-minute soak of a world of 4"
 	@echo "make scale  a world of 256 workers on this host, three times"
@@ -131,6 +132,10 @@ demo-go: install
 
 bench: install bench-deps
 	cd bench && ../$(PY) bench.py $(BENCH_ARGS)
+
+# Between two network namespaces on a bridge, with 0, 1 and 5 ms of delay (root).
+bench-hosts: install bench-deps
+	cd bench && ../$(PY) hosts.py
 
 clean:
 	rm -rf bin $(NATIVE_DIR) $(VENV) build dist gomodules python/*.egg-info build-native.log bench/out

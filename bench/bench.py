@@ -2,8 +2,8 @@
 measured in one run on this machine with real worker processes on loopback.
 
 ``tensorplay`` is our default (shared memory between workers on one host, as here);
-``tensorplay-grpc`` pins TENSORPLAY_RPC_TRANSPORTS=grpc, the path between hosts. torch runs
-with its default transports (shared memory included).
+``tensorplay-tcp`` pins TENSORPLAY_RPC_TRANSPORTS=tcp, our path between hosts, and
+``tensorplay-grpc`` pins gRPC. torch runs with its default transports (shared memory included).
 
 Prints a table of values and ratios, writes bench/out/results.json and draws
 bench/out/bench.png. Every world is ended by PID if it outlives its time limit.
@@ -137,11 +137,15 @@ TARGETS = [
     ("small-call p50 <= 1/3 of torch", "sync_p50_us", "tensorplay", lambda a, b: a <= b / 3),
     ("rpc_async calls/s (64 in flight) >= 3x torch", "async64_calls_per_s", "tensorplay", lambda a, b: a >= 3 * b),
     ("remote()+to_here() p50 <= 1/2 of torch", "remote_to_here_p50_us", "tensorplay", lambda a, b: a <= b / 2),
+    ("[tcp] small-call p50 <= torch", "sync_p50_us", "tensorplay-tcp", lambda a, b: a <= b),
     ("[grpc] small-call p50 <= torch", "sync_p50_us", "tensorplay-grpc", lambda a, b: a <= b),
-    # Issue 37: training steps of torch's RPC tutorials, at least torch's, on one host and between hosts.
+    # Issue 37: training steps of torch's RPC tutorials, at least torch's, on one host and over
+    # the network path (pinned to it on this one host).
     ("distributed RNN steps/s (p50) >= torch", "rnn_steps_per_s_p50", "tensorplay", lambda a, b: a >= b),
+    ("[tcp] distributed RNN steps/s (p50) >= torch", "rnn_steps_per_s_p50", "tensorplay-tcp", lambda a, b: a >= b),
     ("[grpc] distributed RNN steps/s (p50) >= torch", "rnn_steps_per_s_p50", "tensorplay-grpc", lambda a, b: a >= b),
     ("parameter-server steps/s (p50) >= torch", "ps_steps_per_s_p50", "tensorplay", lambda a, b: a >= b),
+    ("[tcp] parameter-server steps/s (p50) >= torch", "ps_steps_per_s_p50", "tensorplay-tcp", lambda a, b: a >= b),
     ("[grpc] parameter-server steps/s (p50) >= torch", "ps_steps_per_s_p50", "tensorplay-grpc", lambda a, b: a >= b),
 ]
 # Kept from before, on every transport.
@@ -152,7 +156,7 @@ KEPT = [
     ("callee peak RSS in a 128 MiB echo <= 3x payload", "rss_callee_over_payload", lambda a, t: a <= 3),
     ("idle CPU < 1% of a core", "idle_cpu_percent", lambda a, t: a < 1),
 ]
-OURS = ("tensorplay", "tensorplay-grpc")
+OURS = ("tensorplay", "tensorplay-tcp", "tensorplay-grpc")
 
 
 def table(res, sizes):
@@ -187,7 +191,7 @@ def _verdict(ok, text):
 
 
 def verdicts(res, sizes):
-    ours, grpc = res.get("tensorplay", {}), res.get("tensorplay-grpc", {})
+    ours = res.get("tensorplay", {})
     torch_r, raw = res.get("torch", {}), res.get("rawtcp", {})
     lines = []
     for label, key, system, test in TARGETS:
@@ -208,8 +212,10 @@ def verdicts(res, sizes):
         if k in ours and "memcpy_GBps" in raw:
             lines.append(_verdict(ours[k] >= raw["memcpy_GBps"] / 2, f"(stretch) numpy {s >> 20} MiB within 2x of memcpy ({raw['memcpy_GBps']:.1f} GB/s): {ours[k]:.2f} GB/s"))
     big = f"oneway_numpy_{128 << 20}_GBps"
-    if big in grpc and big in torch_r:
-        lines.append(_verdict(grpc[big] >= 5 * torch_r[big], f"[grpc] numpy 128 MiB one-way >= 5x torch: {grpc[big] / torch_r[big]:.1f}x"))
+    for name in ("tcp", "grpc"):
+        r = res.get(f"tensorplay-{name}", {})
+        if big in r and big in torch_r:
+            lines.append(_verdict(r[big] >= 5 * torch_r[big], f"[{name}] numpy 128 MiB one-way >= 5x torch: {r[big] / torch_r[big]:.1f}x"))
     for system in OURS:
         for label, key, test in KEPT:
             if key in res.get(system, {}):
@@ -237,7 +243,7 @@ def chart(res, sizes, path):
         ax.set_ylabel("one-way GB/s")
         ax.set_title(f"{kind} payloads")
         ax.legend()
-    fig.suptitle("tensorplay_rpc (shared memory; gRPC pinned) vs torch.distributed.rpc vs raw TCP (one run, this machine)")
+    fig.suptitle("tensorplay_rpc (shared memory; TCP and gRPC pinned) vs torch.distributed.rpc vs raw TCP (one run, this machine)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

@@ -177,7 +177,7 @@ def worker(rank: int) -> None:
 
 def main() -> int:
     code = 0
-    for transport in ("shm", "grpc"):
+    for transport in ("shm", "tcp", "grpc"):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

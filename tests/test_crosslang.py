@@ -191,3 +191,50 @@ def test_a_go_worker_killed_mid_call_fails_the_call_at_once_naming_it(goworker, 
         killed = json.load(f)["killed"]
     assert killed.get("type") == "RuntimeError" and "feature-store" in killed["message"], killed
     assert killed["seconds"] < 10, killed  # failed by the death, not by a timeout (there is none)
+
+
+def _array(dtype, shape, where):
+    import msgpack
+
+    from tensorplay_rpc import crosslang
+
+    return msgpack.packb(msgpack.ExtType(crosslang.ARRAY_EXT, msgpack.packb([dtype, shape, where])))
+
+
+@pytest.mark.parametrize(
+    "payload, buffers, words",
+    [
+        (_array("float32", [2], -1), [b"\0" * 8, b"\1" * 8], "buffer -1, but the message has 2"),
+        (_array("float32", [2], 2), [b"\0" * 8, b"\1" * 8], "buffer 2, but the message has 2"),
+        (_array("float32", [2], True), [b"\0" * 8, b"\1" * 8], "buffer True"),
+        (_array("float32", [3], 0), [b"\0" * 8], "needs 12 bytes, its buffer has 8"),
+        (_array("float32", [1 << 62, 1 << 62], 0), [b"\0" * 8], "its buffer has 8"),
+        (_array("float32", [-2, -1], 0), [b"\0" * 8], "non-negative integers"),
+        (_array("complex64", [1], 0), [b"\0" * 8], "dtype 'complex64'"),
+        (_array(["float32"], [1], 0), [b"\0" * 8], "dtype ['float32']"),
+        (_array("float32", [2], b"\0" * 7), [], "needs 8 bytes, its buffer has 7"),
+        (_array("float32", "2", 0), [b"\0" * 8], "shape '2'"),
+        # An array extension nested inside another's header.
+        (__import__("msgpack").packb(__import__("msgpack").ExtType(1, __import__("msgpack").packb([__import__("msgpack").ExtType(1, b"x"), [1], 0]))), [b"\0" * 4], "dtype ExtType"),
+        (__import__("msgpack").packb(__import__("msgpack").ExtType(1, b"\xc1")), [], "header is not msgpack"),
+        (__import__("msgpack").packb(__import__("msgpack").ExtType(1, __import__("msgpack").packb([1, 2]))), [], "not [dtype, shape, buffer]"),
+    ],
+)
+def test_a_malformed_array_from_a_peer_is_refused_saying_why(payload, buffers, words):
+    """A peer's array that points at a buffer the message does not have (a negative index
+    silently took another buffer before), or a shape its buffer does not fill, is refused with
+    a ValueError naming what is wrong, never decoded into something else."""
+    from tensorplay_rpc import crosslang
+
+    with pytest.raises(ValueError) as info:
+        crosslang.unpack(payload, buffers)
+    assert words in str(info.value)
+
+
+def test_a_wellformed_array_still_decodes_over_its_buffer():
+    import numpy as np
+
+    from tensorplay_rpc import crosslang
+
+    got = crosslang.unpack(_array("int32", [2, 2], 1), [b"", np.arange(4, dtype=np.int32).tobytes()])
+    assert got.tolist() == [[0, 1], [2, 3]]

@@ -259,7 +259,10 @@ class _CallFuture(Future[Any]):
     def _function_outcome(self, go_call: Any, status: int, payload: Any, buffers: List[Any]) -> Tuple[Any, Optional[BaseException]]:
         """The outcome of a call of a remote function: msgpack, not pickles."""
         if status == _go.StatusOK:
-            return crosslang.unpack(payload, buffers), None
+            try:
+                return crosslang.unpack(payload, buffers), None
+            except ValueError as exc:
+                return None, ValueError(f"the reply of {self._function!r} from worker {self._dest} is malformed: {exc}")
         self.timed_out = status == _go.StatusTimeout
         if status == _go.StatusRemoteError:
             return None, crosslang.error_from(self._dest, go_call.ErrorMessage(), payload)

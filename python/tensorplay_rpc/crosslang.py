@@ -223,17 +223,38 @@ def pack(value: Any, what: str) -> List[Any]:
 
 def unpack(payload: Any, buffers: Sequence[Any] = ()) -> Any:
     """The value of a message of msgpack ``payload`` and ``buffers``; arrays become numpy
-    arrays over the buffers' memory (no copy); dicts may have keys of any type."""
+    arrays over the buffers' memory (no copy); dicts may have keys of any type. A peer's
+    malformed array (an unknown dtype, a buffer index the message does not have, a shape its
+    buffer does not fill) raises ValueError saying which."""
 
     def extension(code: int, data: bytes) -> Any:
         if code != ARRAY_EXT:
             return msgpack.ExtType(code, data)
-        dtype, shape, where = msgpack.unpackb(data)
-        if dtype not in ARRAY_DTYPES:
-            raise ValueError(f"an array of dtype {dtype!r}")
-        raw = where if isinstance(where, bytes) else buffers[where]
+        try:
+            header = msgpack.unpackb(data)
+        except Exception as exc:
+            raise ValueError(f"an array whose header is not msgpack: {exc}") from None
+        if not (isinstance(header, list) and len(header) == 3):
+            raise ValueError(f"an array whose header is not [dtype, shape, buffer]: {header!r:.100}")
+        dtype, shape, where = header
+        if not isinstance(dtype, str) or dtype not in ARRAY_DTYPES:
+            raise ValueError(f"an array of dtype {dtype!r:.40}; known: {sorted(ARRAY_DTYPES)}")
+        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+            raise ValueError(f"an array of shape {shape!r:.100}: want a list of non-negative integers")
+        if isinstance(where, bytes):
+            raw: Any = where
+        elif type(where) is int and 0 <= where < len(buffers):
+            raw = buffers[where]
+        else:
+            raise ValueError(f"an array in buffer {where!r:.40}, but the message has {len(buffers)} buffers")
         import numpy as np  # only a message with arrays needs it
 
+        count = 1
+        for n in shape:
+            count *= n
+        itemsize = np.dtype(dtype).itemsize
+        if count * itemsize != memoryview(raw).nbytes:
+            raise ValueError(f"an array of shape {shape} and dtype {dtype} needs {count * itemsize} bytes, its buffer has {memoryview(raw).nbytes}")
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
     return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=extension)

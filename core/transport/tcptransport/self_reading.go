@@ -23,7 +23,7 @@ import (
 // A thread takes only a whole small record that is already in the socket, one it can decode
 // from a peek, and consumes it only once decoded: anything else (a chunk, a big message's
 // header, a record still arriving, bytes Recv buffered) stays for Recv, which Go's poller
-// wakes for it. So no frame is ever handed between readers. Plain TCP only: a TLS stream's
+// wakes for it (socketReader). So no frame is ever handed between readers. Plain TCP only: a TLS stream's
 // bytes must go through its record layer, which one reader owns.
 
 // maxThreadRecord is the longest record a thread reads for itself: small frames of up to a
@@ -74,27 +74,6 @@ func newRawSocket(conn net.Conn) *rawSocket {
 		return nil
 	}
 	return &rawSocket{rc: rc, fd: fd, wake: wake}
-}
-
-// readable reports, without waiting, whether reading the connection would not block: bytes,
-// its end, or an error wait there.
-func (r *rawSocket) readable() bool {
-	var b [1]byte
-	ready := true
-	r.rc.Control(func(fd uintptr) {
-		_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		ready = err != unix.EAGAIN
-	})
-	return ready
-}
-
-// waitReadable waits, in Go's poller, until reading the connection would not block.
-func (r *rawSocket) waitReadable() error {
-	var b [1]byte
-	return r.rc.Read(func(fd uintptr) bool {
-		_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		return err != unix.EAGAIN
-	})
 }
 
 func (r *rawSocket) enter() bool {
@@ -180,15 +159,7 @@ func (s selfReadingStream) readWaiting(d time.Duration, stop func() bool, handle
 	if !s.readMu.TryLock() {
 		return false, transport.ErrBusy, nil
 	}
-	s.threadIn.Store(true)
-	defer func() {
-		s.threadIn.Store(false)
-		s.readMu.Unlock()
-		select { // Recv may wait for this thread to leave
-		case s.threadLeft <- struct{}{}:
-		default:
-		}
-	}()
+	defer s.readMu.Unlock()
 	deadline := time.Now().Add(d)
 	for {
 		select {

@@ -13,6 +13,7 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/transport"
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 )
 
 // After the hello, each side sends records: a 4-byte big-endian length, then that many bytes
@@ -50,11 +51,9 @@ type stream struct {
 	dec       *msgpack.Decoder
 	sink      atomic.Pointer[wire.ChunkSink]
 	raw       *rawSocket // nil over TLS: no thread reads for itself
-	// threadIn is set while a thread reads for itself, which sends on threadLeft as it
-	// leaves: Recv then waits for that rather than for the socket, which would wake it for
-	// every frame the thread takes.
-	threadIn   atomic.Bool
-	threadLeft chan struct{}
+	// atBoundary: Recv waits for the next record's first byte, holding nothing half read,
+	// so it may let go of readMu while it waits (socketReader).
+	atBoundary bool
 
 	// received counts the reads that brought bytes; reading is set while Recv waits for
 	// them (liveness.go counts only the silence of a peer this side is waiting for).
@@ -84,10 +83,14 @@ func newStream(conn net.Conn, identity transport.PeerIdentity, l liveness, onClo
 
 // makeStream is a stream over conn without its heartbeat and watcher.
 func makeStream(conn net.Conn, identity transport.PeerIdentity, onClose func(*stream)) *stream {
-	s := &stream{conn: conn, identity: identity, dec: msgpack.NewDecoder(nil), closed: make(chan struct{}), onClose: onClose, threadLeft: make(chan struct{}, 1)}
-	s.in = bufio.NewReaderSize(countingReader{conn, &s.received}, 64<<10)
-	s.lim.r = s.in
+	s := &stream{conn: conn, identity: identity, dec: msgpack.NewDecoder(nil), closed: make(chan struct{}), onClose: onClose}
 	s.raw = newRawSocket(conn)
+	if s.raw != nil {
+		s.in = bufio.NewReaderSize(socketReader{s}, 64<<10)
+	} else {
+		s.in = bufio.NewReaderSize(countingReader{conn, &s.received}, 64<<10)
+	}
+	s.lim.r = s.in
 	return s
 }
 
@@ -139,30 +142,17 @@ func (s *stream) Send(f *wire.Frame) error {
 	return nil
 }
 
-// Recv reads the next frame, skipping heartbeats. It waits for the socket without readMu, so
-// a thread may read a small frame for itself meanwhile.
+// Recv reads the next frame, skipping heartbeats. Waiting for a record's first byte it lets go
+// of readMu (socketReader), so a thread may read small frames for itself meanwhile.
 func (s *stream) Recv() (*wire.Frame, error) {
 	s.reading.Store(true)
 	defer s.reading.Store(false)
 	for {
 		s.readMu.Lock()
 		s.heldSmall = false // the caller has handled what Recv returned last
-		if s.raw != nil && s.in.Buffered() == 0 && !s.raw.readable() {
-			s.readMu.Unlock()
-			if s.threadIn.Load() {
-				select {
-				case <-s.threadLeft:
-				case <-s.closed:
-					return nil, s.why
-				}
-				continue
-			}
-			if err := s.raw.waitReadable(); err != nil {
-				return nil, s.fail(readError(err))
-			}
-			continue
-		}
+		s.atBoundary = s.in.Buffered() == 0
 		f, err := s.readRecord()
+		s.atBoundary = false
 		if f != nil && !transport.Bulk(f) {
 			s.heldSmall = true
 		}
@@ -296,6 +286,49 @@ func (l *limitedReader) UnreadByte() error {
 	}
 	l.n++
 	return nil
+}
+
+// socketReader reads a plain TCP connection for Recv's buffer, with readMu held. Waiting for a
+// record's first byte it lets go of readMu, so a thread may read for itself meanwhile, and takes
+// it again when the socket has bytes: while a thread reads, that wait is on readMu, not on the
+// socket, so the frames the thread takes do not wake Recv's goroutine. Each read is one system
+// call; a wait is Go's poller.
+type socketReader struct{ s *stream }
+
+func (r socketReader) Read(p []byte) (int, error) {
+	s := r.s
+	var n int
+	var readErr error
+	released := false
+	err := s.raw.rc.Read(func(fd uintptr) bool {
+		if released {
+			s.readMu.Lock()
+			released = false
+		}
+		n, readErr = unix.Read(int(fd), p)
+		if readErr == unix.EAGAIN {
+			if s.atBoundary {
+				released = true
+				s.readMu.Unlock()
+			}
+			return false
+		}
+		return readErr != unix.EINTR
+	})
+	if released { // the wait failed (the connection closed): Recv holds readMu again
+		s.readMu.Lock()
+	}
+	switch {
+	case err != nil:
+		return 0, err
+	case readErr != nil:
+		return 0, readErr
+	case n == 0:
+		return 0, io.EOF
+	}
+	s.received.Add(1)
+	s.atBoundary = false
+	return n, nil
 }
 
 // countingReader counts the reads of r that brought bytes.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,9 +15,31 @@ import (
 	"github.com/tensorplay/tensorplay-rpc/core/wire"
 )
 
-// rawTCP opens a plain-TCP agent connection by hand (the transport's own client frames
-// everything correctly): the hello, the token, and the worker's one-byte answer.
+// rawTCP opens a plain-TCP agent stream by hand (the transport's own client frames everything
+// correctly): both lanes' connections, each with its hello, token and pair, and the worker's
+// one-byte answer. It returns the small lane's; the bulk lane's is kept open until the end.
 func (p *peer) rawTCP(ctx context.Context) (*net.TCPConn, error) {
+	var pair [16]byte
+	rand.Read(pair[:])
+	var small *net.TCPConn
+	for _, lane := range []byte{1, 2} { // small, bulk
+		c, err := p.rawLane(ctx, lane, pair)
+		if err != nil {
+			if small != nil {
+				small.Close()
+			}
+			return nil, err
+		}
+		if small == nil {
+			small = c
+		} else {
+			p.keep(func() { c.Close() })
+		}
+	}
+	return small, nil
+}
+
+func (p *peer) rawLane(ctx context.Context, lane byte, pair [16]byte) (*net.TCPConn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
@@ -25,6 +48,8 @@ func (p *peer) rawTCP(ctx context.Context) (*net.TCPConn, error) {
 	hello := append([]byte("tprpcTCP"), 1)
 	hello = binary.BigEndian.AppendUint16(hello, uint16(len(p.token)))
 	hello = append(hello, p.token...)
+	hello = append(hello, lane)
+	hello = append(hello, pair[:]...)
 	c.SetDeadline(time.Now().Add(p.window))
 	var answer [1]byte
 	if _, err = c.Write(hello); err == nil {

@@ -16,19 +16,29 @@ import (
 // token or an error, reads no more than a hello's bytes, and never panics.
 func FuzzHello(f *testing.F) {
 	var good bytes.Buffer
-	writeHello(&good, "s3cret")
+	writeHello(&good, "s3cret", laneSmall, [pairBytes]byte{1})
 	f.Add(good.Bytes())
 	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
 	f.Add(append(append([]byte(nil), magic[:]...), version, 0xff, 0xff))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := bytes.NewReader(data)
-		token, err := readHello(r)
+		token, err := readToken(r)
 		read := len(data) - r.Len()
 		if read > helloHead+maxTokenBytes {
+			t.Fatalf("read %d bytes of a hello's token", read)
+		}
+		if err != nil {
+			return
+		}
+		if read != helloHead+len(token) || !bytes.Equal(data[:len(magic)], magic[:]) {
+			t.Fatalf("accepted a hello of %d bytes with a token of %d", read, len(token))
+		}
+		lane, _, err := readLane(r)
+		if read := len(data) - r.Len(); read > helloHead+len(token)+helloTail {
 			t.Fatalf("read %d bytes of a hello", read)
 		}
-		if err == nil && (read != helloHead+len(token) || !bytes.Equal(data[:len(magic)], magic[:])) {
-			t.Fatalf("accepted a hello of %d bytes with a token of %d", read, len(token))
+		if err == nil && lane != laneSmall && lane != laneBulk {
+			t.Fatalf("accepted lane %d", lane)
 		}
 	})
 }

@@ -167,7 +167,8 @@ func (s selfReadingStream) readWaiting(d time.Duration, stop func() bool, handle
 			return false, s.why, nil
 		default:
 		}
-		if s.heldSmall || s.in.Buffered() > 0 {
+		if s.heldSmall || s.in.Buffered() > 0 || len(s.bulkFrames) > 0 {
+			// Recv has a frame to hand out first (a bulk lane's, perhaps: lanes.go).
 			return false, transport.ErrBusy, nil
 		}
 		f, next, err := s.takeWhole()

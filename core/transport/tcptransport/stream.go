@@ -55,6 +55,15 @@ type stream struct {
 	// so it may let go of readMu while it waits (socketReader).
 	atBoundary bool
 
+	// The bulk lane (lanes.go): its own stream over the other connection, read by readBulk,
+	// one frame per turn; nil for a bulk lane itself.
+	bulk       *stream
+	bulkFrames chan received
+	bulkTurn   chan struct{}
+	bulkOnce   sync.Once
+	giveTurn   bool // Recv returned a bulk frame (or an accepted stream's hello): its turn next
+	helloFirst bool // an accepted stream whose hello Recv has not returned yet
+
 	// received counts the reads that brought bytes; reading is set while Recv waits for
 	// them (liveness.go counts only the silence of a peer this side is waiting for).
 	received atomic.Uint64
@@ -88,7 +97,7 @@ func makeStream(conn net.Conn, identity transport.PeerIdentity, onClose func(*st
 	if s.raw != nil {
 		s.in = bufio.NewReaderSize(socketReader{s}, 64<<10)
 	} else {
-		s.in = bufio.NewReaderSize(countingReader{conn, &s.received}, 64<<10)
+		s.in = bufio.NewReaderSize(interruptibleReader{countingReader{conn, &s.received}, s}, 64<<10)
 	}
 	s.lim.r = s.in
 	return s
@@ -106,11 +115,20 @@ func (s *stream) asTransportStream() transport.Stream {
 // Identity implements transport.IdentifiedStream.
 func (s *stream) Identity() transport.PeerIdentity { return s.identity }
 
-// SetChunkSink implements transport.SinkSetter.
-func (s *stream) SetChunkSink(sink wire.ChunkSink) { s.sink.Store(&sink) }
+// SetChunkSink implements transport.SinkSetter: chunks are the bulk lane's to decode.
+func (s *stream) SetChunkSink(sink wire.ChunkSink) {
+	if s.bulk != nil {
+		s.bulk.SetChunkSink(sink)
+		return
+	}
+	s.sink.Store(&sink)
+}
 
-// Send writes f as one record.
+// Send writes f as one record, on the bulk lane if it belongs there.
 func (s *stream) Send(f *wire.Frame) error {
+	if s.bulk != nil && transport.Bulk(f) {
+		return s.bulk.Send(f)
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	pieces, total, err := s.parts.Encode(f)
@@ -145,9 +163,27 @@ func (s *stream) Send(f *wire.Frame) error {
 // Recv reads the next frame, skipping heartbeats. Waiting for a record's first byte it lets go
 // of readMu (socketReader), so a thread may read small frames for itself meanwhile.
 func (s *stream) Recv() (*wire.Frame, error) {
+	if s.bulk != nil {
+		s.bulkOnce.Do(func() { go s.readBulk() })
+		if s.giveTurn {
+			s.giveTurn = false
+			s.bulkTurn <- struct{}{} // the frame Recv returned last is handled
+		}
+	}
 	s.reading.Store(true)
 	defer s.reading.Store(false)
 	for {
+		if s.bulk != nil {
+			select {
+			case r := <-s.bulkFrames:
+				if r.err != nil {
+					return nil, s.fail(r.err)
+				}
+				s.giveTurn = true
+				return r.f, nil
+			default:
+			}
+		}
 		s.readMu.Lock()
 		s.heldSmall = false // the caller has handled what Recv returned last
 		s.atBoundary = s.in.Buffered() == 0
@@ -157,10 +193,18 @@ func (s *stream) Recv() (*wire.Frame, error) {
 			s.heldSmall = true
 		}
 		s.readMu.Unlock()
-		if f == nil && err == nil {
-			continue // a heartbeat
+		switch {
+		case errors.Is(err, errInterrupted), f == nil && err == nil: // a bulk frame; a heartbeat
+			continue
+		case err != nil:
+			return nil, err
+		case s.bulk != nil && transport.Bulk(f):
+			return nil, s.fail(fmt.Errorf("%w: a big message's frame (kind %d) on the small lane", transport.ErrMalformed, f.Kind))
 		}
-		return f, err
+		if s.helloFirst {
+			s.helloFirst, s.giveTurn = false, true
+		}
+		return f, nil
 	}
 }
 
@@ -168,6 +212,9 @@ func (s *stream) Recv() (*wire.Frame, error) {
 func (s *stream) readRecord() (*wire.Frame, error) {
 	var head [lengthBytes]byte
 	if _, err := io.ReadFull(s.in, head[:]); err != nil {
+		if errors.Is(err, errInterrupted) {
+			return nil, err
+		}
 		return nil, s.fail(readError(err))
 	}
 	n := binary.BigEndian.Uint32(head[:])
@@ -220,6 +267,9 @@ func (s *stream) breakWith(why error) {
 	s.closeOnce.Do(func() {
 		s.why = why
 		close(s.closed)
+		if s.bulk != nil {
+			s.bulk.breakWith(why)
+		}
 		if s.raw != nil {
 			s.raw.close() // waits for threads reading the socket by its number
 		}
@@ -315,10 +365,15 @@ func (r socketReader) Read(p []byte) (int, error) {
 		}
 		return readErr != unix.EINTR
 	})
-	if released { // the wait failed (the connection closed): Recv holds readMu again
+	if released { // the wait failed (the connection closed, or readBulk's deadline)
 		s.readMu.Lock()
 	}
 	switch {
+	case s.interrupted(err):
+		if s.atBoundary {
+			return 0, errInterrupted
+		}
+		return r.Read(p) // inside a record: it is read whole first
 	case err != nil:
 		return 0, err
 	case readErr != nil:
@@ -343,4 +398,23 @@ func (c countingReader) Read(p []byte) (int, error) {
 		c.n.Add(1)
 	}
 	return n, err
+}
+
+// interruptibleReader is countingReader for a TLS stream's small lane: a read readBulk's
+// deadline cuts short ends at a record's boundary, and is tried again inside one.
+type interruptibleReader struct {
+	countingReader
+	s *stream
+}
+
+func (r interruptibleReader) Read(p []byte) (int, error) {
+	for {
+		n, err := r.countingReader.Read(p)
+		if n > 0 || !r.s.interrupted(err) {
+			return n, err
+		}
+		if r.s.atBoundary {
+			return 0, errInterrupted
+		}
+	}
 }

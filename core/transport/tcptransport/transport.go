@@ -14,6 +14,7 @@ package tcptransport
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -44,6 +45,7 @@ type Transport struct {
 	accepted map[*stream]struct{}
 	dialed   map[*stream]struct{}
 	pending  map[net.Conn]time.Time // accepted connections in their handshake, and since when
+	pairs    map[pairKey]*pairing   // accepted lanes waiting for their other (lanes.go)
 	closed   bool
 }
 
@@ -61,6 +63,7 @@ func New(token string, tlsFiles *secure.TLSFiles) (*Transport, error) {
 		accepted:         map[*stream]struct{}{},
 		dialed:           map[*stream]struct{}{},
 		pending:          map[net.Conn]time.Time{},
+		pairs:            map[pairKey]*pairing{},
 	}, nil
 }
 
@@ -114,11 +117,14 @@ func (t *Transport) serveConn(c net.Conn, serve func(transport.Stream)) {
 		c.Close()
 		return
 	}
-	s, err := t.acceptHandshake(c)
+	s, lane, pair, err := t.acceptHandshake(c)
 	t.releasePending(c)
 	if err != nil {
 		c.Close()
 		return
+	}
+	if s = t.pair(s, lane, pair); s == nil {
+		return // a bulk lane, left for its small one; or a small lane whose other never came
 	}
 	if !t.track(s, true) {
 		return
@@ -127,8 +133,9 @@ func (t *Transport) serveConn(c net.Conn, serve func(transport.Stream)) {
 	serve(s.asTransportStream())
 }
 
-// acceptHandshake completes TLS, if the world has it, and checks the token.
-func (t *Transport) acceptHandshake(c net.Conn) (*stream, error) {
+// acceptHandshake completes TLS, if the world has it, checks the token, and reads which lane of
+// which stream the connection is.
+func (t *Transport) acceptHandshake(c net.Conn) (s *stream, lane byte, pair [pairBytes]byte, err error) {
 	tcpconn.SetUserTimeout(c, t.sec.PeerTimeout())
 	c.SetDeadline(time.Now().Add(t.handshakeTimeout))
 	from := c.RemoteAddr().String()
@@ -136,7 +143,7 @@ func (t *Transport) acceptHandshake(c net.Conn) (*stream, error) {
 	if conf := t.sec.ServerTLS(); conf != nil {
 		tc := tls.Server(c, conf)
 		if err := tc.Handshake(); err != nil {
-			return nil, err
+			return nil, 0, pair, err
 		}
 		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
 			if cn := certs[0].Subject.CommonName; cn != "" {
@@ -146,23 +153,49 @@ func (t *Transport) acceptHandshake(c net.Conn) (*stream, error) {
 		}
 		c = tc
 	}
-	token, err := readHello(c)
+	token, err := readToken(c)
 	if err != nil {
-		return nil, err
+		return nil, 0, pair, err
 	}
 	if !t.sec.CheckToken(token, from) {
 		c.Write([]byte{answerRefused})
-		return nil, ErrRefused
+		return nil, 0, pair, ErrRefused
+	}
+	if lane, pair, err = readLane(c); err != nil {
+		return nil, 0, pair, err
 	}
 	if _, err := c.Write([]byte{answerAccepted}); err != nil {
-		return nil, err
+		return nil, 0, pair, err
 	}
 	c.SetDeadline(time.Time{})
-	return newStream(c, id, livenessFor(t.sec.PeerTimeout()), t.forget), nil
+	onClose := t.forget
+	if lane == laneBulk {
+		onClose = nil // the stream is its small lane's
+	}
+	return newStream(c, id, livenessFor(t.sec.PeerTimeout()), onClose), lane, pair, nil
 }
 
-// Dial opens a stream to addr.
+// Dial opens a stream to addr: its small lane's connection, then its bulk lane's.
 func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, error) {
+	var pair [pairBytes]byte
+	rand.Read(pair[:])
+	small, err := t.dialLane(ctx, addr, laneSmall, pair, t.forget)
+	if err != nil {
+		return nil, err
+	}
+	bulk, err := t.dialLane(ctx, addr, laneBulk, pair, nil)
+	if err != nil {
+		small.Close()
+		return nil, err
+	}
+	small.attachBulk(bulk, false)
+	if !t.track(small, false) {
+		return nil, transport.ErrClosed
+	}
+	return small.asTransportStream(), nil
+}
+
+func (t *Transport) dialLane(ctx context.Context, addr string, lane byte, pair [pairBytes]byte, onClose func(*stream)) (*stream, error) {
 	t.mu.Lock()
 	localIP := t.localIP
 	t.mu.Unlock()
@@ -170,18 +203,15 @@ func (t *Transport) Dial(ctx context.Context, addr string) (transport.Stream, er
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
-	s, err := t.dialHandshake(ctx, c)
+	s, err := t.dialHandshake(ctx, c, lane, pair, onClose)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("open stream to %s: %w", addr, err)
 	}
-	if !t.track(s, false) {
-		return nil, transport.ErrClosed
-	}
-	return s.asTransportStream(), nil
+	return s, nil
 }
 
-func (t *Transport) dialHandshake(ctx context.Context, c net.Conn) (*stream, error) {
+func (t *Transport) dialHandshake(ctx context.Context, c net.Conn, lane byte, pair [pairBytes]byte, onClose func(*stream)) (*stream, error) {
 	tcpconn.SetUserTimeout(c, t.sec.PeerTimeout())
 	deadline := time.Now().Add(t.handshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -197,7 +227,7 @@ func (t *Transport) dialHandshake(ctx context.Context, c net.Conn) (*stream, err
 		}
 		c = tc
 	}
-	if err := writeHello(c, t.sec.Token()); err != nil {
+	if err := writeHello(c, t.sec.Token(), lane, pair); err != nil {
 		return nil, err
 	}
 	if err := readAnswer(c); err != nil {
@@ -210,7 +240,7 @@ func (t *Transport) dialHandshake(ctx context.Context, c net.Conn) (*stream, err
 		return nil, ctx.Err()
 	}
 	c.SetDeadline(time.Time{})
-	return newStream(c, transport.PeerIdentity{}, livenessFor(t.sec.PeerTimeout()), t.forget), nil
+	return newStream(c, transport.PeerIdentity{}, livenessFor(t.sec.PeerTimeout()), onClose), nil
 }
 
 // Probe implements transport.Prober.
@@ -292,6 +322,7 @@ func (t *Transport) StopListening() {
 	for c := range pending {
 		c.Close()
 	}
+	t.closePairs()
 	for s := range accepted {
 		s.Close()
 	}

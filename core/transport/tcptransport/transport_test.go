@@ -108,8 +108,15 @@ func TestChunksAreDecodedIntoTheSinksMemory(t *testing.T) {
 	sv.stream.(transport.SinkSetter).SetChunkSink(func(id uint64, offset int64, n int) ([]byte, bool) {
 		return dst[offset : offset+int64(n)], id == 9
 	})
+	// An accepted stream's bulk lane is read once its hello (any first small frame) is.
+	if err := s.Send(&wire.Frame{Kind: wire.FrameHello}); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 9, Offset: 10, Payload: []byte("placed")}); err != nil {
 		t.Fatal(err)
+	}
+	if f, err := sv.stream.Recv(); err != nil || f.Kind != wire.FrameHello {
+		t.Fatalf("first frame %+v, %v; want the hello", f, err)
 	}
 	f, err := sv.stream.Recv()
 	if err != nil {
@@ -212,21 +219,29 @@ func TestStrangersCannotHoldTheServer(t *testing.T) {
 	}
 }
 
-// rawPeer dials addr and says its hello, then is whatever the test makes of it.
+// rawPeer dials both lanes of a stream to addr and says their hellos; it returns the small
+// lane's connection, which is then whatever the test makes of it.
 func rawPeer(t *testing.T, addr string) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	pair := [pairBytes]byte{byte(time.Now().UnixNano())}
+	var small net.Conn
+	for _, lane := range []byte{laneSmall, laneBulk} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := writeHello(c, "", lane, pair); err != nil {
+			t.Fatal(err)
+		}
+		if err := readAnswer(c); err != nil {
+			t.Fatal(err)
+		}
+		if small == nil {
+			small = c
+		}
 	}
-	t.Cleanup(func() { c.Close() })
-	if err := writeHello(c, ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := readAnswer(c); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return small
 }
 
 func record(payload []byte) []byte {
@@ -340,5 +355,61 @@ func TestStopListeningEndsAcceptedStreamsAndRefusesNewOnes(t *testing.T) {
 	}
 	if err := newTransport(t, "").Probe(ctxFor(t), addr); !errors.Is(err, transport.ErrGone) {
 		t.Errorf("Probe after StopListening = %v, want %v", err, transport.ErrGone)
+	}
+}
+
+// TestASmallFrameIsNotQueuedBehindABigMessage: with 64 MiB of a big message's chunks on their
+// way (more than the sockets' buffers hold), a small frame sent after them is among the first
+// frames the receiver reads: the lanes are two connections, so it waits for none of them.
+func TestASmallFrameIsNotQueuedBehindABigMessage(t *testing.T) {
+	addr, got := listen(t, newTransport(t, ""))
+	s, err := newTransport(t, "").Dial(ctxFor(t), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sv := accepted(t, got)
+	sv.stream.(transport.SinkSetter).SetChunkSink(func(uint64, int64, int) ([]byte, bool) { return nil, true })
+	if err := s.Send(&wire.Frame{Kind: wire.FrameHello}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sv.stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	sent := make(chan error, 1)
+	go func() {
+		for i := range 64 {
+			if err := s.Send(&wire.Frame{Kind: wire.FrameChunk, ID: 1, Offset: int64(i) << 20, Payload: chunk}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	time.Sleep(100 * time.Millisecond) // the chunks fill the buffers
+	if err := s.Send(&wire.Frame{Kind: wire.FrameRequest, ID: 2, Method: "small"}); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; ; n++ {
+		f, err := sv.stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Kind == wire.FrameRequest {
+			if n > 8 {
+				t.Fatalf("the small frame came after %d chunks sent before it", n)
+			}
+			break
+		}
+		time.Sleep(time.Millisecond) // a receiver slow to take big messages
+	}
+	for range 64 { // the rest, so the sender ends
+		if _, err := sv.stream.Recv(); err != nil {
+			break
+		}
+		if len(sent) > 0 {
+			break
+		}
 	}
 }

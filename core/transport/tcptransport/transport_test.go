@@ -64,14 +64,21 @@ func accepted(t *testing.T, got chan served) served {
 	}
 }
 
-func TestFramesOfEverySizeCrossBothWays(t *testing.T) {
-	addr, got := listen(t, newTransport(t, "tok"))
-	s, err := newTransport(t, "tok").Dial(ctxFor(t), addr)
+// connectedPair dials a listening transport of the world token and returns the dialed stream
+// (closed when the test ends) and the accepted one.
+func connectedPair(t *testing.T, token string) (transport.Stream, served) {
+	t.Helper()
+	addr, got := listen(t, newTransport(t, token))
+	s, err := newTransport(t, token).Dial(ctxFor(t), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	sv := accepted(t, got)
+	t.Cleanup(func() { s.Close() })
+	return s, accepted(t, got)
+}
+
+func TestFramesOfEverySizeCrossBothWays(t *testing.T) {
+	s, sv := connectedPair(t, "tok")
 	if id := sv.stream.(transport.IdentifiedStream).Identity(); !strings.HasPrefix(id.Addr, "127.0.0.1:") {
 		t.Errorf("identity %+v, want the dialer's address", id)
 	}
@@ -97,13 +104,7 @@ func TestFramesOfEverySizeCrossBothWays(t *testing.T) {
 }
 
 func TestChunksAreDecodedIntoTheSinksMemory(t *testing.T) {
-	addr, got := listen(t, newTransport(t, ""))
-	s, err := newTransport(t, "").Dial(ctxFor(t), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	sv := accepted(t, got)
+	s, sv := connectedPair(t, "")
 	dst := make([]byte, 100)
 	sv.stream.(transport.SinkSetter).SetChunkSink(func(id uint64, offset int64, n int) ([]byte, bool) {
 		return dst[offset : offset+int64(n)], id == 9
@@ -320,12 +321,7 @@ func TestAPeerThatFallsSilentIsLost(t *testing.T) {
 
 // TestAClosedPeerFailsReadsAndWritesAtOnce: the peer's end closes, and this end hears it.
 func TestAClosedPeerFailsReadsAndWritesAtOnce(t *testing.T) {
-	addr, got := listen(t, newTransport(t, ""))
-	s, err := newTransport(t, "").Dial(ctxFor(t), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := accepted(t, got)
+	s, sv := connectedPair(t, "")
 	s.Close()
 	if _, err := sv.stream.Recv(); err == nil || !strings.Contains(err.Error(), "closed the connection") {
 		t.Errorf("Recv after the dialer closed = %v", err)
@@ -362,13 +358,7 @@ func TestStopListeningEndsAcceptedStreamsAndRefusesNewOnes(t *testing.T) {
 // way (more than the sockets' buffers hold), a small frame sent after them is among the first
 // frames the receiver reads: the lanes are two connections, so it waits for none of them.
 func TestASmallFrameIsNotQueuedBehindABigMessage(t *testing.T) {
-	addr, got := listen(t, newTransport(t, ""))
-	s, err := newTransport(t, "").Dial(ctxFor(t), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	sv := accepted(t, got)
+	s, sv := connectedPair(t, "")
 	sv.stream.(transport.SinkSetter).SetChunkSink(func(uint64, int64, int) ([]byte, bool) { return nil, true })
 	if err := s.Send(&wire.Frame{Kind: wire.FrameHello}); err != nil {
 		t.Fatal(err)
